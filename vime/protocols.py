@@ -499,3 +499,20 @@ class Allocator(Protocol):
     def host_bytes(self) -> int:
         """Pinned host bytes held now (offloaded contents and persistent staging buffers)."""
         ...
+
+
+@runtime_checkable
+class StepObserver(Protocol):
+    """Receives what the orchestrator does, in the loop's clock (virtual in sim, monotonic in real).
+
+    The simulator's recorder implements it to attribute an OOM to its phase and to draw traces;
+    a real run can log it. Observers never change behaviour.
+    """
+
+    def on_phase(self, name: str, begin: bool, t: float, rollout_id: int | None) -> None:
+        """A phase (rollout, offload, train, onload_weights, weight_sync, onload_kv, eval, save) begins or ends."""
+        ...
+
+    def on_call(self, component: str, call: str, t0: float, t1: float) -> None:
+        """One protocol call finished (e.g. component="engine2", call="sleep")."""
+        ...
