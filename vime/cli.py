@@ -1,0 +1,78 @@
+"""The `vime` command: `vime train` and `vime simulate`, one parser, lazy dispatch to the runners."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from vime.config import Args, build_parser, parse_args
+from vime.errors import ConfigError, VimeError
+
+#: command -> (module, function). The runner takes the resolved Args and returns an exit code.
+#: Modules are imported only when the command runs, so `vime simulate` never imports the real
+#: backends and `--dry-run` imports nothing beyond the config.
+RUNNERS: dict[str, tuple[str, str]] = {
+    "simulate": ("vime.cli_simulate", "run_simulate"),
+    "train": ("vime.cli_train", "run_train"),
+}
+
+EXIT_USAGE = 2
+
+
+def format_table(args: Args) -> str:
+    """The resolved configuration as a human table: one section per option group, derived last."""
+    lines = [f"vime {args.command}: resolved configuration"]
+    width = max(len(name) for _, items in args.groups() for name in items)
+    for title, items in args.groups():
+        lines.append("")
+        lines.append(f"[{title}]")
+        for name, value in items.items():
+            shown = "-" if value is None else value
+            lines.append(f"  {name:<{width}}  {shown}")
+    return "\n".join(lines)
+
+
+def _load_runner(command: str) -> Callable[[Args], int] | None:
+    module_name, func_name = RUNNERS[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:  # the runner is not written yet; other import failures propagate
+            return None
+        raise
+    runner: Callable[[Args], int] = getattr(module, func_name)
+    return runner
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `vime` console script; returns the exit code (2 for configuration errors)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        build_parser().print_help()
+        return 0 if argv else EXIT_USAGE
+    try:
+        args = parse_args(argv)
+    except ConfigError as exc:
+        print(f"vime: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        print(args.to_json() if args.json else format_table(args))
+        return 0
+    runner = _load_runner(args.command)
+    if runner is None:
+        print(f"vime {args.command}: not implemented yet (use --dry-run to see the resolved configuration)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(runner(args) or 0)
+    except ConfigError as exc:
+        print(f"vime: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VimeError as exc:
+        print(f"vime {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
