@@ -1,0 +1,253 @@
+"""CPU compatibility layer for megatron-core 0.16.1: lets a tiny GPTModel train on a machine without CUDA.
+
+megatron-core assumes CUDA in a handful of places that a CPU run reaches: device strings
+(`torch.cuda.current_device()` as an allocation device), literal `device="cuda"` allocations
+(optimizer scalars, grad-norm buffers, the schedule's token counter), `Tensor.cuda()`,
+`torch.cuda.synchronize()`, and the CUDA RNG state tracker. This module redirects exactly those,
+and only when no CUDA device exists, so the same trainer code runs on GPUs untouched.
+
+It was written against megatron-core 0.16.1 (the last release for Python 3.11) and refuses any
+other version on CPU: the redirects name Megatron internals that move between releases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from vime.errors import TrainerError
+
+#: The megatron-core release this layer was written and tested against.
+PINNED_MEGATRON_VERSION = "0.16.1"
+
+#: The RNG stream Megatron forks for tensor-parallel regions (its name in megatron-core).
+MODEL_PARALLEL_RNG = "model-parallel-rng"
+
+# Megatron warns at import when TransformerEngine/Apex are absent; the local fallbacks are what we
+# want (no TE by design), and pytest turns warnings into errors.
+_IMPORT_WARNINGS = (
+    r"Transformer Engine and Apex are not installed",
+    r"Apex is not installed",
+    r"Transformer Engine is not installed",
+)
+
+_lock = threading.Lock()
+_depth = 0
+_saved: dict[str, Any] = {}
+
+
+def needs_cpu_compat() -> bool:
+    """True when this process has no CUDA device: the only case where the layer applies."""
+    return not torch.cuda.is_available()
+
+
+def import_megatron() -> Any:
+    """Import `megatron.core` with its "TE/Apex missing" warnings silenced; returns the module."""
+    with warnings.catch_warnings():
+        for pattern in _IMPORT_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        try:
+            import megatron.core as mcore
+            import megatron.core.distributed  # noqa: F401
+            import megatron.core.models.gpt  # noqa: F401
+            import megatron.core.optimizer  # noqa: F401
+            import megatron.core.pipeline_parallel  # noqa: F401
+            import megatron.core.tensor_parallel  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise TrainerError(
+                f"megatron-core is not importable ({exc}); install it with "
+                f"`pip install megatron-core=={PINNED_MEGATRON_VERSION}` (pip install 'vime[train]')"
+            ) from exc
+    return mcore
+
+
+def check_version(version: str | None = None) -> None:
+    """Raise unless the installed megatron-core is the release this layer was written for."""
+    if version is None:
+        version = import_megatron().__version__
+    if version != PINNED_MEGATRON_VERSION:
+        raise TrainerError(
+            f"the CPU compatibility layer (vime/real/megatron/compat.py) was written for megatron-core "
+            f"{PINNED_MEGATRON_VERSION}, found {version}; install megatron-core=={PINNED_MEGATRON_VERSION} "
+            "for CPU runs, or run on a CUDA machine where the layer is not used"
+        )
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device == "cuda" or device.startswith("cuda:")
+    # A bare int is what torch.cuda.current_device() returns on GPUs: an index of a CUDA device.
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Rewrites CUDA placements to the CPU: `device="cuda"` kwargs, `.cuda()`, `.to("cuda")`."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+class CpuRngStatesTracker:
+    """Megatron's RNG-tracker interface backed by the CPU generator (named states, `fork`).
+
+    Megatron forks "model-parallel-rng" around dropout and TP-sharded init; on CPU the fork swaps
+    the CPU generator's state in and out the same way the CUDA tracker swaps the CUDA one.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+        self._is_initialized = False
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.states_.items()}
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self._is_initialized = True
+        self.states_ = states
+
+    def add(self, name: str, seed: int) -> None:
+        self._is_initialized = True
+        if seed in self.seeds_ or name in self.states_:
+            raise TrainerError(f"RNG stream {name!r} (seed {seed}) is already registered")
+        self.seeds_.add(seed)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = MODEL_PARALLEL_RNG) -> Iterator[None]:
+        if name not in self.states_:
+            raise TrainerError(f"RNG stream {name!r} was never added; seed the model first")
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+
+def _current_device() -> str:
+    return "cpu"
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _apply() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    _saved["current_device"] = torch.cuda.current_device
+    _saved["synchronize"] = torch.cuda.synchronize
+    _saved["empty_cache"] = torch.cuda.empty_cache
+    _saved["tracker"] = (mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED)
+    torch.cuda.current_device = _current_device  # device strings: allocations land on the CPU
+    torch.cuda.synchronize = _noop  # nothing asynchronous to wait for on the CPU
+    torch.cuda.empty_cache = _noop
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mode = _CudaToCpuMode()
+    mode.__enter__()
+    _saved["mode"] = mode
+
+
+def _restore() -> None:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    _saved.pop("mode").__exit__(None, None, None)
+    torch.cuda.current_device = _saved.pop("current_device")
+    torch.cuda.synchronize = _saved.pop("synchronize")
+    torch.cuda.empty_cache = _saved.pop("empty_cache")
+    mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _saved.pop("tracker")
+
+
+def install() -> bool:
+    """Apply the layer for the rest of this process (a trainer actor) when there is no CUDA.
+
+    Returns whether it was applied. Idempotent. On CPU the megatron-core version is checked first.
+    """
+    global _depth
+    if not needs_cpu_compat():
+        return False
+    check_version()
+    with _lock:
+        if _depth == 0:
+            _apply()
+        _depth += 1
+    return True
+
+
+def uninstall() -> None:
+    """Undo one `install()`; the last one restores torch and Megatron exactly as they were."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            return
+        _depth -= 1
+        if _depth == 0:
+            _restore()
+
+
+@contextlib.contextmanager
+def cpu_compat() -> Iterator[bool]:
+    """`install()` for the duration of a block (tests, one-off tools); yields whether it applied."""
+    applied = install()
+    try:
+        yield applied
+    finally:
+        if applied:
+            uninstall()
+
+
+def is_installed() -> bool:
+    return _depth > 0
+
+
+@contextlib.contextmanager
+def device_mode() -> Iterator[None]:
+    """Push the CUDA→CPU placement rewrite on this thread while installed (torch modes are
+    per thread, and a Ray actor may run calls off the thread that installed the layer)."""
+    if not is_installed():
+        yield
+        return
+    with _CudaToCpuMode():
+        yield
+
+
+def model_parallel_seed(seed: int, tp_rank: int) -> None:
+    """Seed the default generator and Megatron's model-parallel stream (megatron's
+    `model_parallel_cuda_manual_seed` on GPU; the CPU tracker when the layer is installed)."""
+    import megatron.core.tensor_parallel.random as mrandom
+
+    torch.manual_seed(seed)
+    if is_installed():
+        tracker = mrandom.get_cuda_rng_tracker()
+        tracker.reset()
+        # Same offset convention as Megatron: each TP rank gets its own dropout stream.
+        tracker.add(MODEL_PARALLEL_RNG, seed + 2718 + tp_rank)
+    else:
+        mrandom.model_parallel_cuda_manual_seed(seed)
