@@ -1,0 +1,555 @@
+"""The virtual clock: an asyncio event loop driven by a simpy.Environment, so orchestration and hardware models share one time.
+
+DESIGN.md, "One clock for both worlds". The orchestration (seed: 256 concurrent ``generate`` tasks, a
+semaphore, ``asyncio.wait(FIRST_COMPLETED)``) is ordinary asyncio code; the hardware models are simpy
+processes. :class:`SimEventLoop` runs the asyncio side on top of a ``simpy.Environment``:
+
+* ``loop.time()`` is ``env.now``;
+* every asyncio timer (``call_at``/``call_later``, hence ``asyncio.sleep``, ``wait_for``,
+  ``asyncio.timeout``) is a simpy timeout in the environment's own queue, so timers and simpy
+  events share one queue and one tie order (time, then priority, then creation order);
+* callbacks that are ready run first, at the current virtual time; only when none is ready does
+  the loop step simpy, one event at a time, until an asyncio callback becomes ready -- no real
+  waiting, no selector;
+* nothing ready and nothing scheduled while a task is still pending is a deadlock:
+  :class:`~vime.errors.SimulationError` naming every pending task and what it awaits, never a hang;
+* threads (``run_in_executor``, ``asyncio.to_thread``) and real I/O (sockets, subprocesses, pipes,
+  signals) are refused with a SimulationError: the virtual clock cannot see wall-clock work.
+
+Bridges: ``await wait_event(ev)`` waits for a simpy event from asyncio; a simpy process can
+``yield future_event(fut)`` to wait for an asyncio future or task. Exceptions cross both ways.
+
+The loop subclasses ``asyncio.BaseEventLoop`` and keeps its ``_run_once`` (3.11-3.13 alike): it
+relies on ``_run_once`` asking ``self._selector.select(timeout)`` with ``timeout == 0`` when
+callbacks are ready or a stop is pending and ``None`` otherwise (our timers never enter
+``self._scheduled``), on ``self._ready`` being the deque of ready handles, and on
+``TimerHandle.cancel`` calling ``loop._timer_handle_cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import itertools
+import math
+import threading
+import weakref
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import simpy
+from simpy.core import EmptySchedule
+
+from vime.errors import SimulationError
+
+__all__ = [
+    "SimEventLoop",
+    "current_env",
+    "event_future",
+    "future_event",
+    "new_sim_loop",
+    "now",
+    "run",
+    "wait_event",
+]
+
+T = TypeVar("T")
+
+# A deadlock report lists at most this many tasks (the seed runs 256 generate tasks at once).
+_MAX_LISTED_TASKS = 40
+
+_THREADS_REFUSED = (
+    "threads are refused inside a simulation: a real thread runs in wall-clock time, which the "
+    "virtual clock can neither see nor wait for, so its result would land at an arbitrary virtual "
+    "time and break determinism. Model the work as a coroutine whose duration is an "
+    "asyncio.sleep / simpy timeout, or call it synchronously (it then takes zero virtual time)."
+)
+
+_IO_REFUSED = (
+    "real I/O is refused inside a simulation: sockets, pipes, subprocesses and signals live in "
+    "wall-clock time, which the virtual clock cannot see. Pass the simulated backend (vime.sim) "
+    "instead of the real one, or run this code on a real event loop (asyncio.run)."
+)
+
+
+def _delay_until(now: float, when: float) -> float:
+    """The simpy delay ``d`` for which simpy's ``now + d`` lands exactly on ``when`` (0 if ``when`` is past)."""
+    d = when - now
+    if not d > 0:
+        return d if d != d else 0.0  # NaN is passed on so the caller can reject it
+    # when - now rounds, and now + (when - now) can then miss `when` by an ulp; nudge d until the
+    # sum simpy will compute is `when` itself, so call_at(t) fires with env.now == t exactly.
+    s = now + d
+    for _ in range(8):
+        if s == when:
+            break
+        d = math.nextafter(d, math.inf if s < when else 0.0)
+        s = now + d
+    return d
+
+
+class _TimerEvent(simpy.Timeout):
+    """A simpy timeout standing for one asyncio TimerHandle: when processed it makes the handle ready."""
+
+    def __init__(self, loop: SimEventLoop, handle: asyncio.TimerHandle, delay: float) -> None:
+        super().__init__(loop.env, delay)
+        self.loop = loop
+        self.handle = handle
+        self.callbacks.append(self._fire)
+
+    def _fire(self, _event: simpy.Event) -> None:
+        handle = self.handle
+        # A cancelled handle (wait_for finished early, sleep cancelled) stays in simpy's queue --
+        # simpy cannot unschedule -- and is simply dropped here.
+        if not handle._cancelled and not self.loop._closed:
+            self.loop._ready.append(handle)
+
+
+class _VirtualSelector:
+    """Stands where BaseEventLoop._run_once expects an I/O selector; 'select' advances virtual time instead."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: SimEventLoop) -> None:
+        self._loop = loop
+
+    def select(self, timeout: float | None) -> tuple[()]:
+        return self._loop._advance(timeout)
+
+    def close(self) -> None:
+        pass
+
+
+class SimEventLoop(asyncio.BaseEventLoop):
+    """An asyncio event loop whose clock is ``env.now`` and whose timers are events in ``env``'s queue.
+
+    ``env`` is the simpy.Environment shared with the hardware models. The loop never blocks: with
+    no ready callback it steps ``env`` until one is ready, and raises SimulationError on a deadlock.
+    Close it (``loop.close()``) when done; :func:`run` does that for you.
+    """
+
+    def __init__(self, env: simpy.Environment | None = None) -> None:
+        super().__init__()
+        if env is None:
+            env = simpy.Environment(initial_time=0.0)
+        elif not isinstance(env, simpy.Environment):
+            raise TypeError(f"SimEventLoop needs a simpy.Environment, got {type(env).__name__}")
+        self.env: simpy.Environment = env
+        self._selector = _VirtualSelector(self)
+        # Optional virtual-time limit (run(until=...)): stepping past it raises instead.
+        self._until: float | None = None
+        # Task names and report order come from a per-loop counter, so they are the same in every
+        # run (asyncio's own "Task-N" counter is process-wide).
+        self._task_counter = itertools.count(1)
+        self._task_seq: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+        # Futures created by event_future -> the simpy event they wait for (for deadlock reports).
+        self._event_waits: dict[asyncio.Future[Any], simpy.Event] = {}
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} t={self.env.now!r} running={self.is_running()} "
+                f"closed={self.is_closed()}>")
+
+    # --- the clock --------------------------------------------------------------------------
+
+    def time(self) -> float:
+        """The virtual time: ``env.now``."""
+        return self.env.now
+
+    def call_later(self, delay: float, callback: Any, *args: Any,
+                   context: Any = None) -> asyncio.TimerHandle:
+        """Run ``callback(*args)`` once ``delay`` virtual seconds have passed (a simpy timeout of ``delay``)."""
+        if delay is None:
+            raise TypeError("delay must not be None")
+        # Scheduling with `delay` itself (not when - now) makes simpy compute the same float sum
+        # now + delay as the handle's `when`, so asyncio.sleep(x) wakes at exactly now + x.
+        return self._new_timer(self.env.now + delay, delay, callback, args, context)
+
+    def call_at(self, when: float, callback: Any, *args: Any,
+                context: Any = None) -> asyncio.TimerHandle:
+        """Run ``callback(*args)`` at virtual time ``when`` exactly (immediately if ``when`` is past)."""
+        if when is None:
+            raise TypeError("when cannot be None")
+        return self._new_timer(when, _delay_until(self.env.now, when), callback, args, context)
+
+    def _new_timer(self, when: float, delay: float, callback: Any, args: tuple[Any, ...],
+                   context: Any) -> asyncio.TimerHandle:
+        self._check_closed()
+        if delay != delay:
+            raise ValueError(f"timer at {when!r}: the delay is NaN; pass a finite number of seconds")
+        if self._debug:
+            self._check_thread()
+            self._check_callback(callback, "call_at")
+        handle = asyncio.TimerHandle(when, callback, args, self, context)
+        if handle._source_traceback:
+            del handle._source_traceback[-1]
+        # A timer at +inf never fires; putting it in simpy's queue would let env.step() reach t=inf.
+        if delay != math.inf:
+            _TimerEvent(self, handle, delay if delay > 0 else 0.0)
+        return handle
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        # Our timers never sit in BaseEventLoop._scheduled; _TimerEvent drops cancelled handles.
+        pass
+
+    def _advance(self, timeout: float | None) -> tuple[()]:
+        """Called by _run_once in place of select(): step simpy until an asyncio callback is ready."""
+        if timeout == 0:
+            return ()  # ready callbacks (or a pending stop) run before simpy moves on
+        if timeout is not None:
+            raise SimulationError(
+                f"internal: BaseEventLoop asked to wait {timeout!r}s for a timer in its own heap; "
+                "SimEventLoop keeps every timer in simpy (this Python's asyncio changed _run_once)")
+        ready = self._ready
+        env = self.env
+        until = self._until
+        last_run = env.now
+        try:
+            if until is None:
+                while not ready and not self._stopping:
+                    env.step()
+            else:
+                while not ready and not self._stopping:
+                    t = env.peek()
+                    if t > until:
+                        if t == math.inf:
+                            raise EmptySchedule
+                        raise self._pending_error(
+                            f"time limit until={until!r} reached at t={env.now!r} (next event at "
+                            f"t={t!r}) before the simulation finished")
+                    env.step()
+        except EmptySchedule:
+            raise self._deadlock_error(last_run) from None
+        except asyncio.CancelledError as exc:
+            # A simpy process died of an asyncio cancellation (future_event of a cancelled task)
+            # that it did not handle; leaking CancelledError out of the loop would read as if
+            # run() itself had been cancelled.
+            raise SimulationError(
+                f"at t={env.now!r} a simpy process did not handle the CancelledError of an asyncio "
+                "future it was waiting for (future_event); catch asyncio.CancelledError in the process"
+            ) from exc
+        return ()
+
+    def _process_events(self, event_list: Any) -> None:
+        pass  # there is no I/O to dispatch
+
+    def _write_to_self(self) -> None:
+        pass  # nothing ever blocks, so there is nothing to wake up
+
+    # --- tasks and reports ------------------------------------------------------------------
+
+    def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> asyncio.Task[Any]:
+        """Like BaseEventLoop.create_task; unnamed tasks get a per-loop name ``Task-N`` (stable across runs)."""
+        seq = next(self._task_counter)
+        if name is None:
+            name = f"Task-{seq}"
+        task = super().create_task(coro, name=name, context=context)
+        self._task_seq[task] = seq
+        return task
+
+    def _pending_tasks(self) -> list[asyncio.Task[Any]]:
+        tasks = [t for t in asyncio.all_tasks(self) if not t.done()]
+        return sorted(tasks, key=lambda t: (self._task_seq.get(t, 1 << 62), t.get_name()))
+
+    def _describe_task(self, task: asyncio.Task[Any]) -> str:
+        """One line: the task's name, where it is suspended (its await chain) and what it waits on."""
+        chain = []
+        obj: Any = task.get_coro()
+        while obj is not None:
+            code = getattr(obj, "cr_code", None) or getattr(obj, "gi_code", None)
+            if code is None:
+                break
+            frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
+            where = f" at {code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+            chain.append(f"{code.co_qualname}(){where}")
+            obj = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None)
+        waiter = getattr(task, "_fut_waiter", None)
+        if waiter is None:
+            waits = "nothing"
+        elif waiter in self._event_waits:
+            waits = _describe_event(self._event_waits[waiter])
+        elif isinstance(waiter, asyncio.Task):
+            waits = f"task {waiter.get_name()!r}"
+        else:
+            waits = f"a future that is never resolved {waiter!r}"
+        return f"task {task.get_name()!r} waits on {waits}; suspended in " + " -> ".join(chain or ["?"])
+
+    def _pending_error(self, headline: str) -> SimulationError:
+        tasks = self._pending_tasks()
+        lines = [self._describe_task(t) for t in tasks]
+        shown = lines[:_MAX_LISTED_TASKS]
+        if len(lines) > len(shown):
+            shown.append(f"... and {len(lines) - len(shown)} more")
+        body = "\n".join(f"  - {line}" for line in shown) or "  (no pending task)"
+        err = SimulationError(f"{headline}; {len(tasks)} pending task(s):\n{body}")
+        err.pending = lines  # type: ignore[attr-defined]
+        err.time = self.env.now  # type: ignore[attr-defined]
+        return err
+
+    def _deadlock_error(self, last_run: float) -> SimulationError:
+        t = self.env.now
+        at = f"t={t!r}" if t == last_run else f"t={last_run!r} (clock drained to t={t!r})"
+        if not self._pending_tasks():
+            return self._pending_error(
+                f"virtual-time deadlock at {at}: the loop was asked to run but nothing is ready and "
+                "the simpy queue is empty; use run() / run_until_complete() rather than run_forever()")
+        return self._pending_error(
+            f"virtual-time deadlock at {at}: no asyncio callback is ready and the simpy queue is "
+            "empty, so nothing can ever wake these tasks. Fix: make sure every awaited future, "
+            "asyncio.Event, queue item, lock or simpy event is eventually set/triggered, or bound "
+            "the wait with a timeout")
+
+    # --- threads and I/O are refused --------------------------------------------------------
+
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+        """Refused: a thread's wall-clock work is invisible to the virtual clock."""
+        raise SimulationError(f"run_in_executor({_callable_name(func)}) / asyncio.to_thread(): {_THREADS_REFUSED}")
+
+    def set_default_executor(self, executor: Any) -> None:
+        """Refused: no executor can run inside a simulation."""
+        raise SimulationError(f"set_default_executor(): {_THREADS_REFUSED}")
+
+    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        """call_soon from the loop's own thread; another thread is refused while the loop runs."""
+        if self._thread_id is not None and threading.get_ident() != self._thread_id:
+            raise SimulationError(f"call_soon_threadsafe() from another thread: {_THREADS_REFUSED}")
+        return self.call_soon(callback, *args, context=context)
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the loop and take its timers out of ``env``'s queue, so ``env`` can run on alone."""
+        was_closed = self._closed
+        super().close()
+        if not was_closed:
+            self._event_waits.clear()
+            # Leftover timers would otherwise still advance env.now when the simulation continues
+            # without this loop; simpy has no public unschedule, so filter its heap (simpy 4 keeps
+            # it in Environment._queue). Without that attribute they stay, inert (_fire checks _closed).
+            queue = getattr(self.env, "_queue", None)
+            if isinstance(queue, list):
+                kept = [entry for entry in queue
+                        if not (isinstance(entry[-1], _TimerEvent) and entry[-1].loop is self)]
+                if len(kept) != len(queue):
+                    heapq.heapify(kept)
+                    queue[:] = kept
+
+
+def _callable_name(func: Any) -> str:
+    # asyncio.to_thread wraps the function as partial(context.run, func, ...): show func.
+    while isinstance(func, functools.partial):
+        inner = func.args[0] if func.args and callable(func.args[0]) else None
+        func = inner if getattr(func.func, "__name__", "") == "run" and inner is not None else func.func
+    return getattr(func, "__qualname__", None) or type(func).__name__
+
+
+def _refused_io(name: str) -> Any:
+    def refused(self: SimEventLoop, *args: Any, **kwargs: Any) -> Any:
+        raise SimulationError(f"loop.{name}(): {_IO_REFUSED}")
+
+    refused.__name__ = name
+    refused.__qualname__ = f"SimEventLoop.{name}"
+    refused.__doc__ = "Refused inside a simulation (real I/O)."
+    return refused
+
+
+for _name in (
+    "create_connection", "create_server", "create_unix_connection", "create_unix_server",
+    "create_datagram_endpoint", "connect_accepted_socket", "start_tls", "sendfile",
+    "connect_read_pipe", "connect_write_pipe", "subprocess_exec", "subprocess_shell",
+    "add_reader", "remove_reader", "add_writer", "remove_writer",
+    "sock_recv", "sock_recv_into", "sock_recvfrom", "sock_recvfrom_into", "sock_sendall",
+    "sock_sendto", "sock_connect", "sock_accept", "sock_sendfile",
+    "getaddrinfo", "getnameinfo", "add_signal_handler", "remove_signal_handler",
+):
+    setattr(SimEventLoop, _name, _refused_io(_name))
+del _name
+
+
+def _describe_event(event: simpy.Event) -> str:
+    """A short, address-free description of a simpy event for error messages."""
+    kind = type(event).__name__
+    if isinstance(event, simpy.Process):
+        target = event.target if event.is_alive else None
+        kind = f"Process {event.name!r}"
+        if target is not None:
+            kind += f" (itself waiting on {type(target).__name__})"
+    elif hasattr(event, "resource"):
+        kind = f"{kind} on {type(event.resource).__name__}"
+    state = "triggered" if event.triggered else "not triggered"
+    return f"simpy event {kind} ({state})"
+
+
+def new_sim_loop(env: simpy.Environment | None = None) -> SimEventLoop:
+    """A new SimEventLoop on ``env`` (a fresh Environment starting at 0.0 if None). The caller closes it."""
+    return SimEventLoop(env)
+
+
+def _running_sim_loop(what: str) -> SimEventLoop:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if not isinstance(loop, SimEventLoop):
+        where = "no event loop is running" if loop is None else f"the running loop is {type(loop).__name__}"
+        raise SimulationError(
+            f"{what} works only inside a simulation, but {where}; start the coroutine with "
+            "vime.sim.clock.run(...) or on a new_sim_loop()")
+    return loop
+
+
+def current_env() -> simpy.Environment:
+    """The simpy.Environment of the running SimEventLoop; SimulationError outside one."""
+    return _running_sim_loop("current_env()").env
+
+
+def now() -> float:
+    """The current virtual time (``current_env().now``)."""
+    return _running_sim_loop("now()").env.now
+
+
+def event_future(event: simpy.Event) -> asyncio.Future[Any]:
+    """An asyncio future that resolves when ``event`` is processed: its value, or its exception.
+
+    Must be called inside the SimEventLoop that owns ``event``'s environment. A failure delivered
+    to the future counts as handled (the event is defused). If the future is cancelled first it
+    detaches, and a later failure of ``event`` is then unhandled, as in plain simpy.
+    """
+    loop = _running_sim_loop("event_future()")
+    if not isinstance(event, simpy.Event):
+        raise TypeError(f"expected a simpy event (timeout, process, request, ...), got {type(event).__name__}")
+    if event.env is not loop.env:
+        raise SimulationError(
+            f"{_describe_event(event)} belongs to another simpy.Environment than the running "
+            "SimEventLoop; create it from current_env()")
+    fut = loop.create_future()
+    if event.callbacks is None:  # already processed
+        _deliver(fut, event)
+        return fut
+
+    def on_event(ev: simpy.Event) -> None:
+        if not fut.done():
+            _deliver(fut, ev)
+
+    def on_done(f: asyncio.Future[Any]) -> None:
+        loop._event_waits.pop(f, None)
+        callbacks = event.callbacks
+        if f.cancelled() and callbacks is not None and on_event in callbacks:
+            callbacks.remove(on_event)
+
+    event.callbacks.append(on_event)
+    loop._event_waits[fut] = event
+    fut.add_done_callback(on_done)
+    return fut
+
+
+def _deliver(fut: asyncio.Future[Any], event: simpy.Event) -> None:
+    if event.ok:
+        fut.set_result(event.value)
+    else:
+        event.defused = True
+        fut.set_exception(event.value)
+
+
+async def wait_event(event: simpy.Event) -> Any:
+    """Wait, from asyncio code, for a simpy event (timeout, process, resource request, ...).
+
+    Returns the event's value at the virtual time it is processed; raises its exception if it failed.
+    """
+    return await event_future(event)
+
+
+def future_event(fut: asyncio.Future[Any], env: simpy.Environment | None = None) -> simpy.Event:
+    """A simpy event that a process can ``yield`` to wait for an asyncio future or task.
+
+    It succeeds with the future's result, fails with its exception, or fails with
+    ``asyncio.CancelledError`` if the future is cancelled. ``env`` defaults to (and must be) the
+    environment of the SimEventLoop that owns ``fut``. As in simpy, a failure nobody yields is
+    unhandled and stops the simulation.
+    """
+    if not asyncio.isfuture(fut):
+        raise TypeError(f"future_event() needs an asyncio future or task, got {type(fut).__name__}; "
+                        "wrap a coroutine with asyncio.ensure_future(...) first")
+    loop = fut.get_loop()
+    if not isinstance(loop, SimEventLoop):
+        raise SimulationError(f"future_event(): the future belongs to a {type(loop).__name__}, not a "
+                              "SimEventLoop, so simpy cannot see when it completes")
+    if env is None:
+        env = loop.env
+    elif env is not loop.env:
+        raise SimulationError("future_event(): env is not the environment of the future's SimEventLoop")
+    event = env.event()
+
+    def on_done(f: asyncio.Future[Any]) -> None:
+        if f.cancelled():
+            event.fail(asyncio.CancelledError(f"awaited asyncio future was cancelled: {f!r}"))
+            return
+        exc = f.exception()
+        if exc is not None:
+            event.fail(exc)
+        else:
+            event.succeed(f.result())
+
+    fut.add_done_callback(on_done)
+    return event
+
+
+def run(coro: Coroutine[Any, Any, T], *, env: simpy.Environment | None = None,
+        until: float | None = None) -> T:
+    """Run ``coro`` to completion on a fresh SimEventLoop over ``env`` and return its result.
+
+    Like ``asyncio.run``: the coroutine runs as task ``'main'``; afterwards leftover tasks are
+    cancelled (in creation order) and async generators shut down; the loop is closed, ``env`` is
+    left at the final virtual time with its own simpy events still queued. ``until`` bounds the
+    virtual time: needing an event later than ``until`` raises SimulationError (use it when simpy
+    processes tick forever, which would otherwise hide a deadlock). A deadlock raises
+    SimulationError listing the pending tasks.
+    """
+    if not asyncio.iscoroutine(coro):
+        raise TypeError(f"run() needs a coroutine object, got {coro!r}; call the async function: run(main())")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise SimulationError("run() cannot be called from a running event loop; await the coroutine instead")
+    loop = new_sim_loop(env)
+    if until is not None:
+        if not until >= loop.env.now:
+            coro.close()
+            loop.close()
+            raise SimulationError(f"run(until={until!r}) is before the environment's time {loop.env.now!r}")
+        loop._until = until
+    try:
+        result = loop.run_until_complete(loop.create_task(coro, name="main"))
+    except BaseException as exc:
+        try:
+            _finish(loop)
+        except Exception as cleanup:
+            exc.add_note(f"while cleaning up after it: {type(cleanup).__name__}: {cleanup}")
+        finally:
+            loop.close()
+        raise
+    try:
+        _finish(loop)
+    finally:
+        loop.close()
+    return result
+
+
+def _finish(loop: SimEventLoop) -> None:
+    """Cancel leftover tasks in creation order and shut down async generators (asyncio.run's epilogue)."""
+    leftovers = loop._pending_tasks()
+    if leftovers:
+        for task in leftovers:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+        for task in leftovers:
+            if not task.cancelled() and task.exception() is not None:
+                loop.call_exception_handler({
+                    "message": "unhandled exception during vime.sim.clock.run() shutdown",
+                    "exception": task.exception(),
+                    "task": task,
+                })
+    loop.run_until_complete(loop.shutdown_asyncgens())
