@@ -1,0 +1,259 @@
+"""GPU hardware presets for the simulator: peak rates, capacities and efficiency factors, loaded from JSON.
+
+A hardware profile is one JSON file (``vime/sim/data/hardware/<name>.json`` for the presets, or
+any path a user passes with ``--hardware FILE.json``). The schema is stable; calibration tools
+(e.g. the H200 profile measured on a lent GPU) write files in exactly this form::
+
+    {
+      "name": "H200-141G",                       # unique name, used in reports
+      "description": "free text",                 # optional
+      "memory_bytes": 150754820096,               # device memory the CUDA driver reports (bytes)
+      "bf16_flops": 989.4e12,                     # dense bf16 tensor-core peak (FLOP/s)
+      "hbm_bytes_per_s": 4.8e12,                  # device memory bandwidth peak (B/s)
+      "nvlink_bytes_per_s": 450e9,                # GPU-GPU peak, one direction (B/s)
+      "host_link_h2d_bytes_per_s": 64e9,          # host -> device peak (B/s)
+      "host_link_d2h_bytes_per_s": 64e9,          # device -> host peak (B/s)
+      "cuda_context_bytes": 536870912,            # per process, never released (bytes)
+      "efficiency": {                             # achieved / peak, all in (0, 1] except the overhead
+        "train_mfu": 0.40,                        # Megatron fwd+bwd FLOPs / (bf16_flops * time)
+        "prefill_mfu": 0.55,                      # engine prefill FLOPs / (bf16_flops * time)
+        "decode_bw_util": 0.75,                   # engine decode bytes read / (hbm_bytes_per_s * time)
+        "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
+        "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / nvlink_bytes_per_s
+        "host_copy_util": 0.80                    # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
+      },
+      "vmm": {                                    # CUDA virtual-memory costs behind sleep / wake_up
+        "create_map_s_per_gib": 0.02,             # cuMemCreate + cuMemMap + cuMemSetAccess
+        "unmap_release_s_per_gib": 0.01,          # cuMemUnmap + cuMemRelease
+        "pinned_alloc_s_per_gib": 0.25            # allocating + pinning a fresh host buffer
+      },
+      "sources": {"bf16_flops": "where the number comes from", ...}   # one note per value
+    }
+
+A calibrated profile puts measured rates in the ``*_bytes_per_s`` fields and sets the matching
+efficiency to 1.0 (or keeps datasheet peaks and fits the efficiencies — both read the same).
+Every effective rate the models use is ``peak × efficiency``, through the properties below.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from vime.errors import ConfigError
+
+GiB = 1024**3
+
+_HARDWARE_DIR = Path(__file__).parent / "data" / "hardware"
+
+#: The preset the simulator uses when none is named (the seed's 8 × H100 scenario).
+DEFAULT_HARDWARE = "H100-SXM-80G"
+#: Short names users type.
+ALIASES = {"h100": "H100-SXM-80G", "h100-sxm": "H100-SXM-80G", "h200": "H200-141G", "a100": "A100-80G"}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fraction of the peaks (calibration fits these); see the module docstring for each field."""
+
+    train_mfu: float = 0.40
+    prefill_mfu: float = 0.55
+    decode_bw_util: float = 0.75
+    iteration_overhead_s: float = 0.003
+    allreduce_bw_util: float = 0.70
+    host_copy_util: float = 1.0
+
+
+@dataclass(frozen=True)
+class VmmCosts:
+    """Seconds per GiB of the CUDA virtual-memory operations behind CuMem sleep / wake_up."""
+
+    create_map_s_per_gib: float = 0.02
+    unmap_release_s_per_gib: float = 0.01
+    pinned_alloc_s_per_gib: float = 0.25
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One GPU model (every GPU of a simulated cluster is the same). All rates are peaks; see `effective_*`."""
+
+    name: str
+    memory_bytes: int
+    bf16_flops: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    host_link_h2d_bytes_per_s: float
+    host_link_d2h_bytes_per_s: float
+    cuda_context_bytes: int
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    vmm: VmmCosts = field(default_factory=VmmCosts)
+    description: str = ""
+    #: Where each value comes from ("bf16_flops": "NVIDIA H100 datasheet ..."), keyed like the JSON.
+    sources: tuple[tuple[str, str], ...] = ()
+    #: The file it was loaded from ("" when built in code).
+    path: str = ""
+
+    # --- effective rates (what the models use) ------------------------------------------------
+    @property
+    def train_flops(self) -> float:
+        """Achieved FLOP/s of Megatron training (peak × train_mfu)."""
+        return self.bf16_flops * self.efficiency.train_mfu
+
+    @property
+    def prefill_flops(self) -> float:
+        return self.bf16_flops * self.efficiency.prefill_mfu
+
+    @property
+    def decode_bytes_per_s(self) -> float:
+        return self.hbm_bytes_per_s * self.efficiency.decode_bw_util
+
+    @property
+    def allreduce_bytes_per_s(self) -> float:
+        """NCCL bus bandwidth between the GPUs of one node."""
+        return self.nvlink_bytes_per_s * self.efficiency.allreduce_bw_util
+
+    @property
+    def h2d_bytes_per_s(self) -> float:
+        """Pinned host → device copy rate."""
+        return self.host_link_h2d_bytes_per_s * self.efficiency.host_copy_util
+
+    @property
+    def d2h_bytes_per_s(self) -> float:
+        """Device → pinned host copy rate."""
+        return self.host_link_d2h_bytes_per_s * self.efficiency.host_copy_util
+
+    def source(self, key: str) -> str:
+        """The provenance note of one value ("efficiency.train_mfu" for nested ones), or ""."""
+        return dict(self.sources).get(key, "")
+
+    # --- collectives ----------------------------------------------------------------------------
+    def allreduce_seconds(self, nbytes: float, group: int) -> float:
+        """Ring all-reduce of `nbytes` (per rank) over `group` GPUs: 2·(g−1)/g·bytes at bus bandwidth."""
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        return 2.0 * (group - 1) / group * nbytes / self.allreduce_bytes_per_s
+
+    def allgather_seconds(self, nbytes: float, group: int) -> float:
+        """Ring all-gather (or reduce-scatter) producing/consuming `nbytes` per rank in total: (g−1)/g·bytes."""
+        if group <= 1 or nbytes <= 0:
+            return 0.0
+        return (group - 1) / group * nbytes / self.allreduce_bytes_per_s
+
+    # --- (de)serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (the schema in the module docstring); `load_hardware` reads it back unchanged."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "memory_bytes": self.memory_bytes,
+            "bf16_flops": self.bf16_flops,
+            "hbm_bytes_per_s": self.hbm_bytes_per_s,
+            "nvlink_bytes_per_s": self.nvlink_bytes_per_s,
+            "host_link_h2d_bytes_per_s": self.host_link_h2d_bytes_per_s,
+            "host_link_d2h_bytes_per_s": self.host_link_d2h_bytes_per_s,
+            "cuda_context_bytes": self.cuda_context_bytes,
+            "efficiency": {f.name: getattr(self.efficiency, f.name) for f in fields(Efficiency)},
+            "vmm": {f.name: getattr(self.vmm, f.name) for f in fields(VmmCosts)},
+            "sources": dict(self.sources),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, origin: str = "<dict>") -> HardwareSpec:
+        """Validate and build; every problem raises ConfigError naming the file and the field."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"hardware profile {origin}: expected a JSON object, got {type(data).__name__}")
+        required = ("name", "memory_bytes", "bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s",
+                    "host_link_h2d_bytes_per_s", "host_link_d2h_bytes_per_s", "cuda_context_bytes")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ConfigError(f"hardware profile {origin}: missing field(s) {missing}; "
+                              f"see vime/sim/hardware.py for the schema")
+        known = set(required) | {"description", "efficiency", "vmm", "sources"}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise ConfigError(f"hardware profile {origin}: unknown field(s) {extra}; known: {sorted(known)}")
+
+        def number(key: str, value: Any, *, positive: bool = True) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"hardware profile {origin}: {key} must be a number, got {value!r}")
+            if positive and not value > 0:
+                raise ConfigError(f"hardware profile {origin}: {key} must be > 0, got {value!r}")
+            if not positive and value < 0:
+                raise ConfigError(f"hardware profile {origin}: {key} must be >= 0, got {value!r}")
+            return float(value)
+
+        def section(key: str, klass: type, zero_ok: frozenset[str]) -> Any:
+            raw = data.get(key, {})
+            if not isinstance(raw, dict):
+                raise ConfigError(f"hardware profile {origin}: {key} must be an object")
+            names = {f.name for f in fields(klass)}
+            bad = sorted(set(raw) - names)
+            if bad:
+                raise ConfigError(f"hardware profile {origin}: unknown {key} field(s) {bad}; known: {sorted(names)}")
+            vals = {k: number(f"{key}.{k}", v, positive=k not in zero_ok) for k, v in raw.items()}
+            for k, v in vals.items():
+                if k.endswith(("_mfu", "_util")) and v > 1.0:
+                    raise ConfigError(f"hardware profile {origin}: {key}.{k} is a fraction of the peak "
+                                      f"and must be in (0, 1], got {v}")
+            return klass(**vals)
+
+        sources = data.get("sources", {})
+        if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+            raise ConfigError(f"hardware profile {origin}: sources must map field names to strings")
+        name = data["name"]
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"hardware profile {origin}: name must be a non-empty string")
+        return cls(
+            name=name,
+            description=str(data.get("description", "")),
+            memory_bytes=int(number("memory_bytes", data["memory_bytes"])),
+            bf16_flops=number("bf16_flops", data["bf16_flops"]),
+            hbm_bytes_per_s=number("hbm_bytes_per_s", data["hbm_bytes_per_s"]),
+            nvlink_bytes_per_s=number("nvlink_bytes_per_s", data["nvlink_bytes_per_s"]),
+            host_link_h2d_bytes_per_s=number("host_link_h2d_bytes_per_s", data["host_link_h2d_bytes_per_s"]),
+            host_link_d2h_bytes_per_s=number("host_link_d2h_bytes_per_s", data["host_link_d2h_bytes_per_s"]),
+            cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
+            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s"})),
+            vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
+            sources=tuple(sorted(sources.items())),
+            path=origin,
+        )
+
+
+def _preset_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(_HARDWARE_DIR.glob("*.json"))}
+
+
+def list_hardware() -> list[str]:
+    """Names of the built-in presets, sorted."""
+    return sorted(_preset_files())
+
+
+def load_hardware(name_or_path: str | Path = DEFAULT_HARDWARE) -> HardwareSpec:
+    """A preset by name (case-insensitive) or a profile JSON file by path.
+
+    Raises ConfigError for an unknown name (listing the presets), a missing file, bad JSON or a
+    profile that breaks the schema.
+    """
+    text = str(name_or_path)
+    presets = _preset_files()
+    by_lower = {k.lower(): k for k in presets}
+    by_lower.update({a: k for a, k in ALIASES.items() if k in presets})
+    if text.lower() in by_lower:
+        entry = presets[by_lower[text.lower()]]
+        return HardwareSpec.from_dict(json.loads(entry.read_text(encoding="utf-8")),
+                                      origin=f"preset {by_lower[text.lower()]}")
+    path = Path(text)
+    if text.endswith(".json") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"--hardware {text!r}: no such file; pass a preset name "
+                              f"({', '.join(sorted(presets))}) or an existing JSON profile")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--hardware {text!r}: not valid JSON ({exc})") from exc
+        return HardwareSpec.from_dict(data, origin=str(path))
+    raise ConfigError(f"--hardware {text!r}: unknown GPU; known presets: {', '.join(sorted(presets))}, "
+                      f"or pass a JSON profile path (schema in vime/sim/hardware.py)")

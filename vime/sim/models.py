@@ -1,0 +1,292 @@
+"""Dense transformer model specs for the simulator: parameter counts, FLOPs, KV-cache and activation bytes.
+
+A `ModelSpec` is read from a Hugging Face ``config.json`` (any path) or from a preset of the same
+form in ``vime/sim/data/models/`` (Qwen3 0.6B…32B, Qwen2.5-7B, Llama-3.1 8B/70B). Only the
+architecture matters: a decoder of ``num_layers`` blocks, each RMSNorm → attention (GQA, optional
+q/k RMSNorm as in Qwen3, optional q/k/v bias as in Qwen2) → RMSNorm → SwiGLU MLP, a vocabulary
+embedding and an output head (tied or not).
+
+Sharding follows Megatron / vLLM tensor parallelism: linear layers and the vocabulary are split
+over TP; norms are replicated; when ``num_kv_heads < TP`` each rank keeps one whole KV head
+(replication, as vLLM does), so KV bytes stop shrinking once TP passes the KV head count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from vime.errors import ConfigError
+
+_MODELS_DIR = Path(__file__).parent / "data" / "models"
+
+#: The preset the simulator uses when none is named (the seed's scenario).
+DEFAULT_MODEL = "Qwen3-4B"
+
+Recompute = Literal["none", "selective", "full"]
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture numbers of one dense decoder-only model (HF config names in comments)."""
+
+    name: str
+    num_layers: int  # num_hidden_layers
+    hidden_size: int  # hidden_size
+    ffn_hidden_size: int  # intermediate_size
+    num_attention_heads: int  # num_attention_heads
+    num_kv_heads: int  # num_key_value_heads (= heads without GQA)
+    head_dim: int  # head_dim (default hidden_size / heads)
+    vocab_size: int  # vocab_size
+    tie_embeddings: bool = False  # tie_word_embeddings
+    qk_norm: bool = False  # Qwen3: RMSNorm over each q and k head
+    qkv_bias: bool = False  # Qwen2: bias on the q, k, v projections
+    gated_mlp: bool = True  # SwiGLU: gate, up and down projections
+    max_position_embeddings: int = 0
+    dtype_bytes: int = 2  # bf16 weights, activations and KV cache
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
+                    "head_dim", "vocab_size", "dtype_bytes"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ConfigError(f"model {self.name}: num_attention_heads {self.num_attention_heads} is not a "
+                              f"multiple of num_key_value_heads {self.num_kv_heads}")
+
+    # --- sharding helpers -----------------------------------------------------------------------
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """KV heads each TP rank holds: kv_heads / TP, or 1 (replicated) when TP > kv_heads."""
+        _check_parallel(tp, 1)
+        if self.num_kv_heads >= tp:
+            if self.num_kv_heads % tp:
+                raise ConfigError(f"model {self.name}: {self.num_kv_heads} KV heads cannot be split over "
+                                  f"TP={tp}; use a TP that divides or is a multiple of the KV heads")
+            return self.num_kv_heads // tp
+        if tp % self.num_kv_heads:
+            raise ConfigError(f"model {self.name}: TP={tp} is not a multiple of its {self.num_kv_heads} KV heads")
+        return 1
+
+    def layers_per_stage(self, pp: int = 1) -> int:
+        """Layers on the busiest pipeline stage (ceil when PP does not divide the layer count)."""
+        _check_parallel(1, pp)
+        return math.ceil(self.num_layers / pp)
+
+    def _layer_params(self, tp: int) -> int:
+        h, hd = self.hidden_size, self.head_dim
+        q_out = self.num_attention_heads * hd // tp
+        kv_out = self.kv_heads_per_rank(tp) * hd
+        attn = h * q_out + 2 * h * kv_out + q_out * h
+        if self.qkv_bias:
+            attn += q_out + 2 * kv_out
+        if self.qk_norm:
+            attn += 2 * hd  # replicated
+        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size // tp
+        return attn + mlp + 2 * h  # two RMSNorms, replicated
+
+    def params_per_rank(self, tp: int = 1, pp: int = 1) -> int:
+        """Parameters on the busiest rank of a TP×PP layout (the first and last stage hold the embeddings).
+
+        The vocabulary is split over TP without Megatron's padding (a < 0.2 % difference).
+        With PP > 1 a tied output head is a second copy on the last stage, as in Megatron.
+        """
+        _check_parallel(tp, pp)
+        layers = self.layers_per_stage(pp) * self._layer_params(tp)
+        embed = self.vocab_size * self.hidden_size // tp
+        head = 0 if (self.tie_embeddings and pp == 1) else embed
+        final_norm = self.hidden_size
+        if pp == 1:
+            return layers + embed + head + final_norm
+        return layers + max(embed, head + final_norm)
+
+    def num_params(self) -> int:
+        """Total parameters (tied embeddings counted once)."""
+        return self.params_per_rank(1, 1)
+
+    def num_non_embedding_params(self) -> int:
+        return self.num_layers * self._layer_params(1) + self.hidden_size
+
+    def weight_bytes(self, tp: int = 1, pp: int = 1) -> int:
+        """Weight bytes on the busiest GPU at `dtype_bytes` per parameter (seed step 36: ~4 GB for Qwen3-4B, TP=2)."""
+        return self.params_per_rank(tp, pp) * self.dtype_bytes
+
+    # --- compute ----------------------------------------------------------------------------
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token: every linear layer and the output head."""
+        return self.num_layers * (self._layer_params(1) - 2 * self.hidden_size
+                                  - (2 * self.head_dim if self.qk_norm else 0)) + self.vocab_size * self.hidden_size
+
+    def attention_flops_per_token(self, context_len: int) -> float:
+        """Score and value matmuls of one token attending to `context_len` tokens: 4·layers·heads·head_dim·ctx."""
+        return 4.0 * self.num_layers * self.num_attention_heads * self.head_dim * max(0, context_len)
+
+    def flops_per_token(self, context_len: int = 0, *, lm_head: bool = True) -> float:
+        """Forward FLOPs of one token that attends to `context_len` tokens (itself included).
+
+        2 FLOPs per matmul parameter (the output head only when `lm_head`; an engine computes
+        logits for the sampled positions only) plus the attention matmuls.
+        """
+        dense = self.matmul_params()
+        if not lm_head:
+            dense -= self.vocab_size * self.hidden_size
+        return 2.0 * dense + self.attention_flops_per_token(context_len)
+
+    def sequence_flops(self, seq_len: int, *, lm_head: bool = True) -> float:
+        """Forward FLOPs of one causal sequence of `seq_len` tokens: token i attends to i tokens."""
+        dense = self.matmul_params() - (0 if lm_head else self.vocab_size * self.hidden_size)
+        attn = 4.0 * self.num_layers * self.num_attention_heads * self.head_dim * seq_len * (seq_len + 1) / 2
+        return 2.0 * dense * seq_len + attn
+
+    def prefill_flops(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        """Forward FLOPs of a prefill chunk of `new_tokens` after `cached_tokens`, logits for its last token only."""
+        if new_tokens <= 0:
+            return 0.0
+        c = cached_tokens
+        attn = 4.0 * self.num_layers * self.num_attention_heads * self.head_dim * (
+            new_tokens * c + new_tokens * (new_tokens + 1) / 2)
+        return 2.0 * (self.matmul_params() - self.vocab_size * self.hidden_size) * new_tokens \
+            + 2.0 * self.vocab_size * self.hidden_size + attn
+
+    # --- memory per token ---------------------------------------------------------------------
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """KV-cache bytes per token on one TP rank: 2·layers·kv_heads_per_rank·head_dim·dtype_bytes.
+
+        = 2·layers·kv_heads·head_dim·bytes / TP while TP ≤ kv_heads (Qwen3-4B, TP=2: 73,728 B).
+        """
+        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * self.dtype_bytes
+
+    def activation_bytes_per_layer_token(self, tp: int = 1, *, sequence_parallel: bool = True) -> float:
+        """Bytes one transformer block keeps per token for the backward pass (no recompute).
+
+        Adapted from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+        Transformer Models" (sbh·(34 + 5as/h) per layer for GPT with dropout), to what
+        Megatron-core keeps for this architecture with flash attention (no s² score matrix),
+        SwiGLU, GQA and dropout 0 (RL settings), with b = dtype_bytes:
+
+        - attention: norm input b·h, norm output b·h, q/k/v b·(heads + 2·kv_heads)·hd,
+          attention output b·heads·hd, softmax log-sum-exp 4·heads (fp32);
+        - MLP: norm input b·h, norm output b·h, gate and up outputs 2·b·F, SwiGLU output b·F.
+
+        Everything is split over TP; the four b·h terms only with sequence parallelism.
+        """
+        b, h, hd = self.dtype_bytes, self.hidden_size, self.head_dim
+        heads, kv = self.num_attention_heads // tp, self.kv_heads_per_rank(tp)
+        ffn = self.ffn_hidden_size // tp
+        norm_terms = 4 * b * h / (tp if sequence_parallel else 1)
+        attn = b * (heads + 2 * kv) * hd + b * heads * hd + 4 * heads
+        mlp = (3 if self.gated_mlp else 2) * b * ffn
+        return norm_terms + attn + mlp
+
+    def logits_bytes_per_token(self, tp: int = 1) -> float:
+        """Output-layer activations per token: bf16 logits + the fp32 copy the vocab-parallel log-softmax keeps."""
+        return (self.dtype_bytes + 4) * self.vocab_size / tp
+
+    def activation_bytes_per_token(self, tp: int = 1, pp: int = 1, recompute: Recompute = "none",
+                                   *, sequence_parallel: bool = True) -> float:
+        """Training activation bytes per token on the busiest rank of a TP×PP layout.
+
+        ``none``/``selective``: every block keeps `activation_bytes_per_layer_token` (Megatron's
+        selective recompute only drops the attention score matrix, which flash attention never
+        stores). ``full``: each block keeps its input (b·h / TP with sequence parallelism) and one
+        block's activations exist at a time during its recompute. The output layer's logits are
+        added once (conservatively on the same stage).
+        """
+        if recompute not in ("none", "selective", "full"):
+            raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
+        layers = self.layers_per_stage(pp)
+        per_layer = self.activation_bytes_per_layer_token(tp, sequence_parallel=sequence_parallel)
+        if recompute == "full":
+            keep = self.dtype_bytes * self.hidden_size / (tp if sequence_parallel else 1)
+            body = layers * keep + per_layer
+        else:
+            body = layers * per_layer
+        return body + self.logits_bytes_per_token(tp)
+
+    # --- (de)serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
+        """Read the architecture fields of an HF config.json dict; MoE and non-decoder configs are refused."""
+        if "text_config" in config and "num_hidden_layers" not in config:
+            config = {**config["text_config"], "model_type": config.get("model_type", "")}
+        for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+            if config.get(key):
+                raise ConfigError(f"model {name}: {key}={config[key]} — mixture-of-experts models are not "
+                                  f"simulated yet; use a dense model")
+        required = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+        missing = [k for k in required if k not in config]
+        if missing:
+            raise ConfigError(f"model {name}: config.json lacks {missing}; is it a decoder-only LM config?")
+        heads = int(config["num_attention_heads"])
+        model_type = str(config.get("model_type", ""))
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        return cls(
+            name=name,
+            num_layers=int(config["num_hidden_layers"]),
+            hidden_size=int(config["hidden_size"]),
+            ffn_hidden_size=int(config["intermediate_size"]),
+            num_attention_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            vocab_size=int(config["vocab_size"]),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=bool(config.get("qk_norm", config.get("use_qk_norm", model_type.startswith("qwen3")))),
+            qkv_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            gated_mlp=str(config.get("hidden_act", "silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "gelu"),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
+            dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
+            source=source,
+        )
+
+
+def _check_parallel(tp: int, pp: int) -> None:
+    if not isinstance(tp, int) or tp < 1 or not isinstance(pp, int) or pp < 1:
+        raise ConfigError(f"tensor/pipeline parallel sizes must be integers >= 1, got TP={tp!r}, PP={pp!r}")
+
+
+def _preset_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(_MODELS_DIR.glob("*.json"))}
+
+
+def list_models() -> list[str]:
+    """Names of the built-in model presets, sorted."""
+    return sorted(_preset_files())
+
+
+def load_model(name_or_path: str | Path = DEFAULT_MODEL) -> ModelSpec:
+    """A preset by name (case-insensitive; "Qwen/Qwen3-4B" also works) or an HF config.json path.
+
+    A directory holding a config.json (an HF checkpoint) is accepted too. Unknown names raise
+    ConfigError listing the presets.
+    """
+    text = str(name_or_path)
+    presets = _preset_files()
+    by_lower = {k.lower(): k for k in presets}
+    key = text.rsplit("/", 1)[-1].lower() if "/" in text and not Path(text).exists() else text.lower()
+    if key in by_lower:
+        preset = by_lower[key]
+        data = json.loads(presets[preset].read_text(encoding="utf-8"))
+        return ModelSpec.from_hf_config(data, name=preset, source=data.get("_vime_source", f"preset {preset}"))
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--model {text!r}: not valid JSON ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"--model {text!r}: expected a JSON object")
+        stem = path.parent.name if path.name == "config.json" else path.stem
+        return ModelSpec.from_hf_config(data, name=stem or text, source=str(path))
+    raise ConfigError(f"--model {text!r}: unknown model; known presets: {', '.join(sorted(presets))}, "
+                      f"or pass a Hugging Face config.json path")
