@@ -505,7 +505,7 @@ class Args:
         raw = self._raw_options()
         for name, value in changes.items():
             if name not in _INDEX or _INDEX[name] == "derived":
-                raise ConfigError(f"{name!r} is not an option that can be set")
+                raise ConfigError(f"{name!r} cannot be set: it is derived or not an option")
             raw[name] = value
         return _resolve(raw, self.command)
 
@@ -704,7 +704,7 @@ def _resolve(raw: dict[str, Any], command: str) -> Args:
                   f"{flag} {spec} draws lengths up to {int(max(spec.params))}, above {limit_flag} {cap}; "
                   f"lower the spec or raise {limit_flag}")
         if spec.kind == "trace":
-            _need(spec.path is not None and os.path.isfile(spec.path),
+            _need(spec.path is not None and os.path.isfile(spec.path.partition("#")[0]),
                   f"{flag} {spec}: trace file not found; give an existing JSONL file")
         v[name] = spec
     for name in ("hardware", "model"):
