@@ -8,9 +8,9 @@ processes. :class:`SimEventLoop` runs the asyncio side on top of a ``simpy.Envir
 * every asyncio timer (``call_at``/``call_later``, hence ``asyncio.sleep``, ``wait_for``,
   ``asyncio.timeout``) is a simpy timeout in the environment's own queue, so timers and simpy
   events share one queue and one tie order (time, then priority, then creation order);
-* callbacks that are ready run first, at the current virtual time; only when none is ready does
-  the loop step simpy, one event at a time, until an asyncio callback becomes ready -- no real
-  waiting, no selector;
+* each loop iteration processes the simpy events due at the current time (where asyncio would
+  poll I/O), then runs the ready callbacks; when none is ready the loop steps simpy, one event at
+  a time, until an asyncio callback becomes ready -- no real waiting, no selector;
 * nothing ready and nothing scheduled while a task is still pending is a deadlock:
   :class:`~vime.errors.SimulationError` naming every pending task and what it awaits, never a hang;
 * threads (``run_in_executor``, ``asyncio.to_thread``) and real I/O (sockets, subprocesses, pipes,
@@ -193,19 +193,29 @@ class SimEventLoop(asyncio.BaseEventLoop):
         pass
 
     def _advance(self, timeout: float | None) -> tuple[()]:
-        """Called by _run_once in place of select(): step simpy until an asyncio callback is ready."""
-        if timeout == 0:
-            return ()  # ready callbacks (or a pending stop) run before simpy moves on
-        if timeout is not None:
+        """Called by _run_once in place of select(): the simpy side of one loop iteration.
+
+        ``timeout == 0`` (callbacks are ready): process the simpy events due at the current time
+        first, as asyncio polls I/O on every iteration -- so a task polling with asyncio.sleep(0)
+        sees simpy progress at the same virtual time. ``timeout is None`` (nothing ready): step
+        simpy, one event at a time, until an asyncio callback becomes ready, so an asyncio timer
+        runs its callback before the simpy events that follow it in the queue.
+        """
+        if timeout is not None and timeout != 0:
             raise SimulationError(
                 f"internal: BaseEventLoop asked to wait {timeout!r}s for a timer in its own heap; "
                 "SimEventLoop keeps every timer in simpy (this Python's asyncio changed _run_once)")
+        if self._stopping:
+            return ()  # the run is over; leave later events to whoever runs env next
         ready = self._ready
         env = self.env
         until = self._until
         last_run = env.now
         try:
-            if until is None:
+            if timeout == 0:
+                while env.peek() <= last_run:  # peek() is inf when the queue is empty
+                    env.step()
+            elif until is None:
                 while not ready and not self._stopping:
                     env.step()
             else:
@@ -274,7 +284,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
             waits = f"a future that is never resolved {waiter!r}"
         return f"task {task.get_name()!r} waits on {waits}; suspended in " + " -> ".join(chain or ["?"])
 
-    def _pending_error(self, headline: str) -> SimulationError:
+    def _pending_error(self, headline: str, time: float | None = None) -> SimulationError:
         tasks = self._pending_tasks()
         lines = [self._describe_task(t) for t in tasks]
         shown = lines[:_MAX_LISTED_TASKS]
@@ -283,7 +293,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         body = "\n".join(f"  - {line}" for line in shown) or "  (no pending task)"
         err = SimulationError(f"{headline}; {len(tasks)} pending task(s):\n{body}")
         err.pending = lines  # type: ignore[attr-defined]
-        err.time = self.env.now  # type: ignore[attr-defined]
+        err.time = self.env.now if time is None else time  # type: ignore[attr-defined]
         return err
 
     def _deadlock_error(self, last_run: float) -> SimulationError:
@@ -292,12 +302,13 @@ class SimEventLoop(asyncio.BaseEventLoop):
         if not self._pending_tasks():
             return self._pending_error(
                 f"virtual-time deadlock at {at}: the loop was asked to run but nothing is ready and "
-                "the simpy queue is empty; use run() / run_until_complete() rather than run_forever()")
+                "the simpy queue is empty; use run() / run_until_complete() rather than run_forever()",
+                last_run)
         return self._pending_error(
             f"virtual-time deadlock at {at}: no asyncio callback is ready and the simpy queue is "
             "empty, so nothing can ever wake these tasks. Fix: make sure every awaited future, "
             "asyncio.Event, queue item, lock or simpy event is eventually set/triggered, or bound "
-            "the wait with a timeout")
+            "the wait with a timeout", last_run)
 
     # --- threads and I/O are refused --------------------------------------------------------
 
