@@ -216,3 +216,22 @@ def test_parser_has_both_subcommands_with_shared_options() -> None:
                  "--use-rollout-routing-replay", "--score-centering-top-k", "--json", "--dry-run",
                  "--hardware", "--model", "--response-length", "--prompt-length"):
         assert flag in sim_flags, flag
+
+
+def test_args_pickle_and_deepcopy_round_trip() -> None:
+    import copy
+    import pickle
+
+    args = parse_args(["--num-steps-per-rollout", "4"], command="train")
+    for clone in (pickle.loads(pickle.dumps(args)), copy.deepcopy(args)):
+        assert clone == args and clone.global_batch_size == 64 and clone.command == "train"
+        assert clone.replace(micro_batch_size=4).num_microbatches_per_step == 4
+
+
+def test_config_import_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, vime.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
