@@ -104,6 +104,10 @@ def test_thousand_tasks_wake_at_their_exact_times_in_stable_order():
     assert [i for i, _ in woke] == sorted(range(1000), key=lambda i: (delays[i], i))
 
 
+def _record_time(loop, out):
+    out.append(loop.time())
+
+
 def test_call_at_fires_exactly_at_the_requested_time():
     rng = random.Random(11)
     pairs = [(0.1, 0.1 + 0.2), (1e6 + 0.1, 1e6 + 0.7), (3.0, 3.0), (0.0, 1e-300)]
@@ -116,7 +120,7 @@ def test_call_at_fires_exactly_at_the_requested_time():
         loop = new_sim_loop(env)
         fired = []
         try:
-            loop.call_at(when, lambda: fired.append(loop.time()))
+            loop.call_at(when, _record_time, loop, fired)
             loop.run_until_complete(asyncio.sleep(when - start + 1.0))
         finally:
             loop.close()
@@ -563,6 +567,24 @@ def test_deadlock_raises_listing_every_pending_task_and_what_it_waits_on():
     assert simpy_line.startswith("task 'needs-simpy'")
     assert "Process 'stuck_process' (itself waiting on Event)" in simpy_line
     assert "needs-flag" in str(err) and "needs-simpy" in str(err)
+
+
+@pytest.mark.timeout(30)
+def test_deadlock_report_names_simpy_processes_waiting_on_asyncio():
+    async def main():
+        env = current_env()
+        never = asyncio.get_running_loop().create_future()
+        blocker = asyncio.create_task(asyncio.wait_for(never, None), name="blocker")
+
+        def consumer():
+            yield future_event(blocker)
+
+        await wait_event(env.process(consumer()))
+
+    with pytest.raises(SimulationError, match="simpy processes waiting on asyncio") as info:
+        run(main())
+    assert info.value.simpy_waiting == ["process 'consumer' waits on task 'blocker'"]
+    assert "Process 'consumer' (itself waiting on Event)" in info.value.pending[0]
 
 
 @pytest.mark.timeout(30)

@@ -145,6 +145,8 @@ class SimEventLoop(asyncio.BaseEventLoop):
         self._task_seq: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
         # Futures created by event_future -> the simpy event they wait for (for deadlock reports).
         self._event_waits: dict[asyncio.Future[Any], simpy.Event] = {}
+        # simpy events made by future_event -> the asyncio future they stand for (same purpose).
+        self._future_events: dict[simpy.Event, asyncio.Future[Any]] = {}
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} t={self.env.now!r} running={self.is_running()} "
@@ -291,10 +293,25 @@ class SimEventLoop(asyncio.BaseEventLoop):
         if len(lines) > len(shown):
             shown.append(f"... and {len(lines) - len(shown)} more")
         body = "\n".join(f"  - {line}" for line in shown) or "  (no pending task)"
+        simpy_side = self._simpy_waiting()
+        if simpy_side:
+            body += "\nsimpy processes waiting on asyncio:\n" + "\n".join(f"  - {w}" for w in simpy_side)
         err = SimulationError(f"{headline}; {len(tasks)} pending task(s):\n{body}")
         err.pending = lines  # type: ignore[attr-defined]
+        err.simpy_waiting = simpy_side  # type: ignore[attr-defined]
         err.time = self.env.now if time is None else time  # type: ignore[attr-defined]
         return err
+
+    def _simpy_waiting(self) -> list[str]:
+        """Lines naming each simpy process blocked on a future_event, and the asyncio future it needs."""
+        lines = []
+        for event, fut in self._future_events.items():
+            need = f"task {fut.get_name()!r}" if isinstance(fut, asyncio.Task) else f"future {fut!r}"
+            for callback in event.callbacks or ():
+                proc = getattr(callback, "__self__", None)
+                if isinstance(proc, simpy.Process):
+                    lines.append(f"process {proc.name!r} waits on {need}")
+        return lines
 
     def _deadlock_error(self, last_run: float) -> SimulationError:
         t = self.env.now
@@ -334,6 +351,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         super().close()
         if not was_closed:
             self._event_waits.clear()
+            self._future_events.clear()
             # Leftover timers would otherwise still advance env.now when the simulation continues
             # without this loop; simpy has no public unschedule, so filter its heap (simpy 4 keeps
             # it in Environment._queue). Without that attribute they stay, inert (_fire checks _closed).
@@ -492,6 +510,7 @@ def future_event(fut: asyncio.Future[Any], env: simpy.Environment | None = None)
     event = env.event()
 
     def on_done(f: asyncio.Future[Any]) -> None:
+        loop._future_events.pop(event, None)
         if f.cancelled():
             event.fail(asyncio.CancelledError(f"awaited asyncio future was cancelled: {f!r}"))
             return
@@ -501,6 +520,8 @@ def future_event(fut: asyncio.Future[Any], env: simpy.Environment | None = None)
         else:
             event.succeed(f.result())
 
+    if not fut.done():
+        loop._future_events[event] = fut
     fut.add_done_callback(on_done)
     return event
 
