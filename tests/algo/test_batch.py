@@ -12,7 +12,7 @@ SEED_REWARDS = [1, 0, 0, 1, 1, 0, 1, 0]
 
 
 def seed_samples(groups: int = 32, n: int = 8) -> list[Sample]:
-    """Group/index numbering of seed step 16: group_index 0..31, index 0..255."""
+    """Samples numbered as the data source of seed step 16 numbers them; rewards of group 0 as in step 26."""
     out = []
     for g in range(groups):
         for k in range(n):
@@ -27,10 +27,11 @@ def seed_samples(groups: int = 32, n: int = 8) -> list[Sample]:
 
 def test_seed_numbering_and_batch() -> None:
     samples = seed_samples()
-    assert [s.group_index for s in samples[:9]] == [0] * 8 + [1]
-    assert samples[-1].group_index == 31 and samples[-1].index == 255
     batch = build_train_batch(samples, parse_args([], command="train"), rollout_id=0)
     assert len(batch) == 256
+    # the numbering of seed step 16 is carried into the columns (group_index 0..31, index 0..255)
+    assert batch.group_indices == [i // 8 for i in range(256)]
+    assert batch.sample_indices == list(range(256))
     assert [round(r, 4) for r in batch.rewards[:8]] == [0.9354, -0.9354, -0.9354, 0.9354, 0.9354, -0.9354,
                                                          0.9354, -0.9354]
     assert batch.raw_rewards[:8] == [float(r) for r in SEED_REWARDS]
