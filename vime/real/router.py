@@ -1,0 +1,140 @@
+"""vllm-router in front of the engines: start the Rust router process, and a Router client that sends generate through it (seed steps 20–21, 28).
+
+Only generate goes through the router; it picks an engine by `--policy` (consistent_hash keys
+on the ``X-Session-ID`` header, which `VLLMRouterClient` sets only under that policy, as the
+seed does). Control calls — pause, sleep, wake, weight updates, versions, abort — go to each
+engine directly: the router would forward them to one worker only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from vime.algo.response import parse_generate_response
+from vime.errors import ConfigError
+from vime.protocols import GenerateRequest, GenerateResult
+from vime.real.launcher import Launcher, ManagedProcess, free_port
+from vime.real.vllm_client import GENERATE_PATH, SESSION_HEADER, VLLMEngine
+
+#: Policies of vllm-router 0.1.17 (`vllm-router --help`); vime's config offers a subset.
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two",
+                   "consistent_hash", "sticky_least_loaded")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """What one vllm-router process is started with."""
+
+    worker_urls: tuple[str, ...]
+    policy: str = "round_robin"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port in router_command's caller
+    request_timeout_s: int = 3600  # a paused engine holds requests; the router must not cut them
+    log_level: str = "warning"
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.policy not in ROUTER_POLICIES:
+            raise ConfigError(f"router policy {self.policy!r} is not one of vllm-router's {ROUTER_POLICIES}")
+        if not self.worker_urls:
+            raise ConfigError("vllm-router needs at least one worker URL")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def router_binary() -> str:
+    """Path of the `vllm-router` executable installed by `pip install vllm-router`."""
+    path = shutil.which("vllm-router")
+    if path is None:
+        raise ConfigError("vllm-router is not installed: pip install vllm-router (a Rust binary in the wheel)")
+    return path
+
+
+def router_command(spec: RouterSpec, binary: str | None = None) -> list[str]:
+    """The argv of `vllm-router --worker-urls ... --policy ...`."""
+    if spec.port == 0:
+        raise ConfigError("RouterSpec.port is 0: choose a port (vime.real.launcher.free_port())")
+    return [binary or router_binary(), "--host", spec.host, "--port", str(spec.port),
+            "--worker-urls", *spec.worker_urls, "--policy", spec.policy,
+            "--request-timeout-secs", str(spec.request_timeout_s), "--log-level", spec.log_level,
+            *spec.extra_args]
+
+
+def start_router(launcher: Launcher, spec: RouterSpec, *, timeout_s: float = 120.0,
+                 name: str = "router") -> tuple[ManagedProcess, RouterSpec]:
+    """Start vllm-router under `launcher` (stopped with everything else) and wait for its /health."""
+    if spec.port == 0:
+        spec = RouterSpec(spec.worker_urls, spec.policy, spec.host, free_port(spec.host),
+                          spec.request_timeout_s, spec.log_level, spec.extra_args)
+    proc = launcher.start_process(name, router_command(spec), dict(os.environ), f"{spec.url}/health")
+    try:
+        proc.wait_healthy(timeout_s)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, spec
+
+
+class VLLMRouterClient:
+    """`vime.protocols.Router` over a real vllm-router: generate through it, control calls to each engine.
+
+    `engines` are the `VLLMEngine`s behind the router; their lifecycles are checked before a
+    generate is sent (all must be awake — the router may pick any of them).
+    """
+
+    def __init__(self, url: str, engines: Sequence[VLLMEngine], *, policy: str = "round_robin",
+                 model: str | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 timeout: httpx.Timeout | None = None, max_concurrency: int = 2048) -> None:
+        if policy not in ROUTER_POLICIES:
+            raise ConfigError(f"router policy {policy!r} is not one of vllm-router's {ROUTER_POLICIES}")
+        self.url = url.rstrip("/")
+        self.engines = list(engines)
+        self.policy = policy
+        # The router speaks the engines' generate protocol, so one VLLMEngine-shaped HTTP client
+        # (named "router" in errors) does the sending, pooling and error mapping.
+        self._via = VLLMEngine("router", self.url, model=model, transport=transport, timeout=timeout,
+                               max_concurrency=max_concurrency, session_header=policy == "consistent_hash")
+
+    async def aclose(self) -> None:
+        await self._via.aclose()
+
+    async def __aenter__(self) -> VLLMRouterClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def headers(self, request: GenerateRequest) -> dict[str, str] | None:
+        """``X-Session-ID`` only under consistent_hash (seed step 21)."""
+        if self.policy == "consistent_hash" and request.session_id is not None:
+            return {SESSION_HEADER: request.session_id}
+        return None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        for engine in self.engines:
+            engine.lifecycle.check_generate()
+        via = self._via
+        resp = await via._request("generate", "POST", GENERATE_PATH, json_body=via.generate_payload(request),
+                                  headers=self.headers(request))
+        return parse_generate_response(via._json("generate", resp), engine=None)
+
+    async def abort_all(self) -> None:
+        """Abort every in-flight request on every engine, each addressed directly (seed step 28)."""
+        await asyncio.gather(*(e.abort_all() for e in self.engines))
+
+    async def health(self) -> bool:
+        return await self._via.health()
+
+    async def list_workers(self) -> list[str]:
+        """GET /list_workers → the worker URLs the router routes to."""
+        via = self._via
+        resp = await via._request("list_workers", "GET", "/list_workers")
+        return list(via._field("list_workers", via._json("list_workers", resp), "urls", list))
