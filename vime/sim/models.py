@@ -90,20 +90,28 @@ class ModelSpec:
         mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size // tp
         return attn + mlp + 2 * h  # two RMSNorms, replicated
 
-    def params_per_rank(self, tp: int = 1, pp: int = 1) -> int:
-        """Parameters on the busiest rank of a TP×PP layout (the first and last stage hold the embeddings).
+    def params_per_rank(self, tp: int = 1, pp: int = 1, stage: int | None = None) -> int:
+        """Parameters on one rank of pipeline `stage` in a TP×PP layout (None: the busiest stage).
 
-        The vocabulary is split over TP without Megatron's padding (a < 0.2 % difference).
-        With PP > 1 a tied output head is a second copy on the last stage, as in Megatron.
+        Layers are spread as evenly as possible (the first stages get the remainder); the first
+        stage holds the embedding, the last the final norm and the output head. The vocabulary
+        is split over TP without Megatron's padding (a < 0.2 % difference). With PP > 1 a tied
+        output head is a second copy on the last stage, as in Megatron.
         """
         _check_parallel(tp, pp)
-        layers = self.layers_per_stage(pp) * self._layer_params(tp)
+        if stage is None:
+            return max(self.params_per_rank(tp, pp, s) for s in range(pp))
+        if not 0 <= stage < pp:
+            raise ConfigError(f"pipeline stage {stage} out of range for PP={pp}")
+        base, extra = divmod(self.num_layers, pp)
+        layers = (base + (1 if stage < extra else 0)) * self._layer_params(tp)
         embed = self.vocab_size * self.hidden_size // tp
-        head = 0 if (self.tie_embeddings and pp == 1) else embed
-        final_norm = self.hidden_size
-        if pp == 1:
-            return layers + embed + head + final_norm
-        return layers + max(embed, head + final_norm)
+        total = layers
+        if stage == 0:
+            total += embed
+        if stage == pp - 1:
+            total += self.hidden_size + (0 if (self.tie_embeddings and pp == 1) else embed)
+        return total
 
     def num_params(self) -> int:
         """Total parameters (tied embeddings counted once)."""
@@ -112,9 +120,9 @@ class ModelSpec:
     def num_non_embedding_params(self) -> int:
         return self.num_layers * self._layer_params(1) + self.hidden_size
 
-    def weight_bytes(self, tp: int = 1, pp: int = 1) -> int:
-        """Weight bytes on the busiest GPU at `dtype_bytes` per parameter (seed step 36: ~4 GB for Qwen3-4B, TP=2)."""
-        return self.params_per_rank(tp, pp) * self.dtype_bytes
+    def weight_bytes(self, tp: int = 1, pp: int = 1, stage: int | None = None) -> int:
+        """Weight bytes on one GPU at `dtype_bytes` per parameter (seed step 36: ~4 GB for Qwen3-4B, TP=2)."""
+        return self.params_per_rank(tp, pp, stage) * self.dtype_bytes
 
     # --- compute ----------------------------------------------------------------------------
     def matmul_params(self) -> int:
@@ -207,6 +215,36 @@ class ModelSpec:
         else:
             body = layers * per_layer
         return body + self.logits_bytes_per_token(tp)
+
+    # --- weight export ----------------------------------------------------------------------------
+    def hf_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Full (TP-gathered) tensors under their Hugging Face names, in checkpoint order.
+
+        Their element counts sum to `num_params()`; this is what the trainer exports to the
+        engines bucket by bucket (seed step 48).
+        """
+        h, hd, f = self.hidden_size, self.head_dim, self.ffn_hidden_size
+        q, kv = self.num_attention_heads * hd, self.num_kv_heads * hd
+        out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab_size, h))]
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            out.append((p + "input_layernorm.weight", (h,)))
+            out += [(p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
+                    (p + "self_attn.v_proj.weight", (kv, h))]
+            if self.qkv_bias:
+                out += [(p + "self_attn.q_proj.bias", (q,)), (p + "self_attn.k_proj.bias", (kv,)),
+                        (p + "self_attn.v_proj.bias", (kv,))]
+            if self.qk_norm:
+                out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+            out.append((p + "self_attn.o_proj.weight", (h, q)))
+            out.append((p + "post_attention_layernorm.weight", (h,)))
+            if self.gated_mlp:
+                out.append((p + "mlp.gate_proj.weight", (f, h)))
+            out += [(p + "mlp.up_proj.weight", (f, h)), (p + "mlp.down_proj.weight", (h, f))]
+        out.append(("model.norm.weight", (h,)))
+        if not self.tie_embeddings:
+            out.append(("lm_head.weight", (self.vocab_size, h)))
+        return out
 
     # --- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,104 @@
+"""Hardware presets: every preset loads, every value has a source, user files round-trip, bad files fail clearly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vime.errors import ConfigError
+from vime.sim.hardware import DEFAULT_HARDWARE, HardwareSpec, list_hardware, load_hardware
+
+PRESETS = ["A100-80G", "B200", "H100-SXM-80G", "H200-141G", "L20"]
+VALUE_KEYS = ["memory_bytes", "bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s", "host_link_h2d_bytes_per_s",
+              "host_link_d2h_bytes_per_s", "cuda_context_bytes"]
+
+
+def test_presets_are_listed_and_the_default_is_h100():
+    assert list_hardware() == PRESETS
+    assert DEFAULT_HARDWARE == "H100-SXM-80G"
+    assert load_hardware().name == "H100-SXM-80G"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_value_names_its_source(name):
+    hw = load_hardware(name)
+    keys = VALUE_KEYS + [f"efficiency.{k}" for k in hw.to_dict()["efficiency"]] + \
+        [f"vmm.{k}" for k in hw.to_dict()["vmm"]]
+    missing = [k for k in keys if not hw.source(k)]
+    assert missing == []
+    assert 0 < hw.efficiency.train_mfu <= 1 and 0 < hw.efficiency.decode_bw_util <= 1
+
+
+def test_datasheet_peaks():
+    """Dense bf16 is half the datasheet's sparsity figure (1,979 TFLOPS rounded); bandwidths as published."""
+    h100, h200, a100 = load_hardware("H100-SXM-80G"), load_hardware("H200-141G"), load_hardware("A100-80G")
+    assert h100.bf16_flops == 989.4e12 and h200.bf16_flops == h100.bf16_flops
+    assert (h100.hbm_bytes_per_s, h200.hbm_bytes_per_s, a100.hbm_bytes_per_s) == (3.35e12, 4.8e12, 2.039e12)
+    assert a100.bf16_flops == 312e12
+    assert 79 * 2**30 < h100.memory_bytes < 80 * 2**30
+    assert 139 * 2**30 < h200.memory_bytes < 141 * 2**30
+
+
+def test_effective_rates_are_peak_times_efficiency():
+    hw = load_hardware("H100")  # alias
+    assert hw.train_flops == hw.bf16_flops * hw.efficiency.train_mfu
+    assert hw.d2h_bytes_per_s == hw.host_link_d2h_bytes_per_s * hw.efficiency.host_copy_util
+    assert hw.decode_bytes_per_s == hw.hbm_bytes_per_s * hw.efficiency.decode_bw_util
+    # ring all-reduce moves 2(g-1)/g of the buffer; a group of one costs nothing
+    assert hw.allreduce_seconds(1e9, 2) == pytest.approx(1e9 / hw.allreduce_bytes_per_s)
+    assert hw.allreduce_seconds(1e9, 1) == 0.0
+    assert hw.allgather_seconds(1e9, 4) == pytest.approx(0.75e9 / hw.allreduce_bytes_per_s)
+
+
+def test_unknown_name_lists_the_presets():
+    with pytest.raises(ConfigError) as info:
+        load_hardware("H300")
+    for name in PRESETS:
+        assert name in str(info.value)
+
+
+def test_user_file_round_trips(tmp_path):
+    hw = load_hardware("H200-141G")
+    data = hw.to_dict()
+    data["name"] = "H200-calibrated"
+    data["efficiency"]["decode_bw_util"] = 0.81
+    path = tmp_path / "h200.json"
+    path.write_text(json.dumps(data))
+    loaded = load_hardware(str(path))
+    assert loaded.name == "H200-calibrated" and loaded.efficiency.decode_bw_util == 0.81
+    assert loaded.to_dict() == data
+    assert loaded.path == str(path)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.pop("bf16_flops"), "missing field"),
+    (lambda d: d.update(bf16_flops=-1), "must be > 0"),
+    (lambda d: d["efficiency"].update(train_mfu=1.5), "in \\(0, 1\\]"),
+    (lambda d: d["efficiency"].update(mfu=0.4), "unknown efficiency field"),
+    (lambda d: d.update(clock_ghz=1.9), "unknown field"),
+    (lambda d: d.update(memory_bytes="80GB"), "must be a number"),
+])
+def test_bad_profiles_fail_naming_the_field(tmp_path, mutate, message):
+    data = load_hardware("L20").to_dict()
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        load_hardware(str(path))
+
+
+def test_missing_file_and_bad_json(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_hardware(str(tmp_path / "nope.json"))
+    bad = tmp_path / "x.json"
+    bad.write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_hardware(str(bad))
+
+
+def test_spec_is_frozen():
+    hw = load_hardware()
+    with pytest.raises(AttributeError):
+        hw.bf16_flops = 1.0  # type: ignore[misc]
+    assert isinstance(HardwareSpec.from_dict(hw.to_dict()), HardwareSpec)

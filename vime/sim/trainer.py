@@ -1,0 +1,417 @@
+"""Simulated Megatron actor group: per-rank memory on the shared SimGPUs and fwd/bwd/optimizer time from FLOPs and bytes.
+
+`SimTrainer` implements `vime.protocols.Trainer` for TP × PP × CP × DP ranks placed on the first
+``actor_num_nodes × actor_num_gpus_per_node`` GPUs of a `SimCluster` (Megatron's rank order: TP
+fastest, then CP, then DP, then PP). What it models, per seed step:
+
+- step 3 (`init`): CUDA context, bf16 params, fp32 main grads, fp32 master + Adam m, v (sharded
+  over DP × CP with the distributed optimizer), a pinned host backup of the weights; asleep
+  afterwards when ``offload_train``.
+- step 37 (`wake_up`) / step 41 (`sleep`): params and optimizer offloaded to pinned host memory
+  and back, grads discarded, through a `SimAllocator` at host-link speed with VMM costs.
+- step 38: the old-log-prob forward over the whole batch only when `vime.algo.logprob_reuse`
+  says the training forward cannot be reused.
+- step 40: per DP rank (concurrently), per micro-batch: activations allocated for the
+  micro-batch, fwd + bwd time = 3 × forward FLOPs / (TP·PP·CP · peak · MFU) + TP collectives
+  (sequence-parallel all-gather / reduce-scatter, 4 per layer and micro-batch); then gradient
+  reduce-scatter, a memory-bound Adam step and the parameter all-gather over DP.
+- step 41: the weight backup (device → host copy of each rank's params).
+- step 48 (`export_weights`): HF-named, TP-gathered tensors packed into buckets; each bucket is
+  staged on every actor GPU (a packed buffer the colocated engine reads over CUDA IPC) with the
+  cost of its host → device copy and TP all-gather, and freed when the consumer asks for the next.
+
+Times are virtual (`vime.sim.clock`); metrics are deterministic functions of the batch and the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vime.errors import ConfigError, TrainerError
+from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightBucket
+from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
+
+if TYPE_CHECKING:
+    from vime.sim.models import ModelSpec, Recompute
+    from vime.types import TrainBatch
+
+OWNER = "actor"
+#: GPU tags the trainer holds outside its allocator (never released).
+TAG_CONTEXT = "context"
+TAG_WEIGHT_BUFFER = "weight_buffer"
+#: Host tag of the CPU weight backup (seed step 41).
+TAG_WEIGHT_BACKUP = "weight_backup"
+#: Bytes per parameter of the state that lives on each rank.
+PARAM_BYTES = 2  # bf16 model weights
+GRAD_BYTES = 4  # fp32 main grads (Megatron accumulates bf16 runs in fp32)
+OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v
+#: HBM bytes an Adam step moves per parameter of its shard: read grad, master, m, v (16), write
+#: master, m, v (12), write the bf16 param (2).
+ADAM_STEP_BYTES = 30
+#: Checkpoint write/read rate per node (simulated filesystem), bytes/s.
+CHECKPOINT_BYTES_PER_S = 2e9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the actor ranks sit: sizes of each parallel dimension and the GPU of every rank."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    gpus: tuple[int, ...]  # cluster GPU index of global rank r
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int, int]:
+        """(tp, cp, dp, pp) coordinates of a global rank (Megatron order tp-cp-dp-pp)."""
+        tp = rank % self.tp
+        cp = (rank // self.tp) % self.cp
+        dp = (rank // (self.tp * self.cp)) % self.dp
+        pp = rank // (self.tp * self.cp * self.dp)
+        return tp, cp, dp, pp
+
+    def ranks_of_dp(self, dp_rank: int) -> list[int]:
+        return [r for r in range(self.world) if self.coords(r)[2] == dp_rank]
+
+    @classmethod
+    def from_args(cls, args: Any, num_gpus: int) -> Layout:
+        tp = int(args.tensor_model_parallel_size)
+        pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
+        cp = int(getattr(args, "context_parallel_size", 1) or 1)
+        world = int(args.actor_num_nodes) * int(args.actor_num_gpus_per_node)
+        if world % (tp * pp * cp):
+            raise ConfigError(f"actor GPUs {world} (--actor-num-nodes × --actor-num-gpus-per-node) is not a "
+                              f"multiple of TP×PP×CP = {tp}×{pp}×{cp}; change the parallel sizes")
+        if world > num_gpus:
+            raise ConfigError(f"the trainer needs {world} GPUs but the simulated cluster has {num_gpus}")
+        return cls(tp, pp, cp, world // (tp * pp * cp), tuple(range(world)))
+
+
+def _recompute_mode(args: Any) -> Recompute:
+    gran = getattr(args, "recompute_granularity", None)
+    if gran in (None, "", "none"):
+        return "none"
+    if gran not in ("selective", "full"):
+        raise ConfigError(f"--recompute-granularity {gran!r}: expected full or selective")
+    return gran  # type: ignore[no-any-return]
+
+
+class SimTrainer:
+    """The actor group as one object (`vime.protocols.Trainer`), with memory on the cluster's GPUs.
+
+    Construct, then ``await init()`` inside the simulation. ``pinned`` chooses how the offload
+    buffers behave ("persistent": allocated once, vime's CuMem; "cold": torch_memory_saver,
+    pinned again on every sleep). ``reuse_log_probs`` overrides the seed-step-38 decision
+    (None: ask `vime.algo.logprob_reuse`).
+    """
+
+    def __init__(self, args: Any, model: ModelSpec, cluster: SimCluster, *, name: str = OWNER,
+                 pinned: PinnedMode = "persistent", reuse_log_probs: bool | None = None,
+                 seed: int | None = None) -> None:
+        self.args = args
+        self.model = model
+        self.cluster = cluster
+        self.hw = cluster.hardware
+        self.name = name
+        self.layout = Layout.from_args(args, len(cluster.gpus))
+        self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
+        self.recompute: Recompute = _recompute_mode(args)
+        self.distributed_optimizer = bool(getattr(args, "use_distributed_optimizer", True))
+        self.offload_train = bool(getattr(args, "offload_train", False))
+        self.reuse_log_probs = reuse_log_probs
+        self.seed = int(seed if seed is not None else getattr(args, "seed", 0))
+        self.lifecycle = TrainerLifecycle(name)
+        self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
+                                      pinned=pinned, recorder=cluster.recorder, env=cluster.env)
+        self.initialized = False
+        self.weight_version = 0
+        self.train_calls = 0
+        self._checkpoints: dict[str, int] = {}
+        self.last_timings: dict[str, float] = {}
+
+    # --- static memory ------------------------------------------------------------------------
+    def params_per_gpu(self) -> list[int]:
+        """Parameters held by the rank on each actor GPU (its TP shard of its pipeline stage)."""
+        lay = self.layout
+        return [self.model.params_per_rank(lay.tp, lay.pp, lay.coords(r)[3]) for r in range(lay.world)]
+
+    def state_bytes_per_gpu(self) -> dict[str, list[int]]:
+        """Bytes per tag on each actor GPU when awake and idle: params, grads, optimizer."""
+        shard = self.layout.dp * self.layout.cp if self.distributed_optimizer else 1
+        params = self.params_per_gpu()
+        return {
+            "params": [p * PARAM_BYTES for p in params],
+            "grads": [p * GRAD_BYTES for p in params],
+            "optimizer": [math.ceil(p / shard) * OPTIMIZER_BYTES for p in params],
+        }
+
+    def activation_bytes(self, tokens: int) -> int:
+        """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches included)."""
+        lay = self.layout
+        per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
+                                                          sequence_parallel=lay.tp > 1)
+        return int(per_token * tokens / lay.cp)
+
+    # --- time ------------------------------------------------------------------------------------
+    def _forward_seconds(self, lengths: Sequence[int]) -> float:
+        """Forward of one micro-batch on its model-parallel group (the time of one stage × PP stages)."""
+        lay = self.layout
+        flops = sum(self.model.sequence_flops(n) for n in lengths)
+        compute = flops / (lay.tp * lay.pp * lay.cp * self.hw.train_flops)
+        tokens = sum(lengths) / lay.cp
+        # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
+        act = tokens * self.model.hidden_size * self.model.dtype_bytes
+        comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(act, lay.tp)
+        return compute + comm
+
+    def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
+        fwd = self._forward_seconds(lengths)
+        if not backward:
+            return fwd, 0.0
+        bwd = 2.0 * fwd
+        if self.recompute == "full":
+            bwd += fwd
+        return fwd, bwd
+
+    def _optimizer_seconds(self) -> float:
+        lay = self.layout
+        params = max(self.params_per_gpu())
+        shard = lay.dp * lay.cp if self.distributed_optimizer else 1
+        grads = params * GRAD_BYTES
+        if self.distributed_optimizer:
+            reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp)  # reduce-scatter
+            gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp)
+        else:
+            reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp), 0.0
+        step = math.ceil(params / shard) * ADAM_STEP_BYTES / (self.hw.hbm_bytes_per_s * self.hw.efficiency.decode_bw_util)
+        return reduce + step + gather
+
+    def _per_gpu(self, values_by_rank: dict[int, int]) -> list[int]:
+        return [values_by_rank.get(r, 0) for r in range(self.layout.world)]
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    async def init(self) -> None:
+        """Seed step 3: build the model and optimizer on the GPUs, back the weights up on the host,
+        and go to sleep when ``offload_train`` (the engines wake next, seed steps 4–7)."""
+        if self.initialized:
+            raise TrainerError(f"{self.name}: init() called twice")
+        env = self.cluster.env
+        t0 = float(env.now)
+        for gpu in self.gpus:
+            gpu.alloc(self.name, TAG_CONTEXT, self.hw.cuda_context_bytes)
+        for tag, sizes in self.state_bytes_per_gpu().items():
+            self.allocator.allocate(tag, sizes)
+        self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.state_bytes_per_gpu()["params"]))
+        await elapse(env, self._backup_seconds())
+        self.initialized = True
+        self.cluster.recorder.span(self.name, "init", t0, float(env.now))
+        if self.offload_train:
+            await self.sleep()
+
+    def _backup_seconds(self) -> float:
+        return max(self.state_bytes_per_gpu()["params"]) / self.hw.d2h_bytes_per_s
+
+    async def sleep(self) -> None:
+        """Seed step 41: params and optimizer state to pinned host memory, grads (and activations) dropped."""
+        self._require_init("sleep")
+        self.lifecycle.check("sleep")
+        t0 = float(self.cluster.env.now)
+        await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
+        self.lifecycle.apply("sleep")
+        self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
+
+    async def wake_up(self) -> None:
+        """Seed step 37: remap every tag, copy params and optimizer back."""
+        self._require_init("wake_up")
+        self.lifecycle.check("wake_up")
+        t0 = float(self.cluster.env.now)
+        await self.allocator.wake_up(None)
+        self.lifecycle.apply("wake_up")
+        self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
+
+    def _require_init(self, call: str) -> None:
+        if not self.initialized:
+            raise TrainerError(f"{self.name}: {call}() before init(); await trainer.init() first")
+
+    # --- training -------------------------------------------------------------------------------
+    def needs_log_prob_recompute(self, batch: TrainBatch) -> bool:
+        """Seed step 38: the separate old-log-prob forward runs unless the loss may reuse the training forward."""
+        if self.reuse_log_probs is not None:
+            return not self.reuse_log_probs
+        from vime.algo.logprob_reuse import needs_log_prob_recompute
+        return needs_log_prob_recompute(self.args, batch.num_microbatches)
+
+    async def _run_microbatches(self, batch: TrainBatch, step: int | None, *, backward: bool,
+                                label: str) -> None:
+        """Every DP rank runs its micro-batches concurrently; returns when the slowest is done."""
+        lay = self.layout
+        env = self.cluster.env
+
+        async def dp_rank(r: int) -> None:
+            rank_batch = batch.for_rank(r)
+            ranks = lay.ranks_of_dp(r)
+            inflight = min(lay.pp, max(1, len(rank_batch.micro_batches(step))))
+            for mb in rank_batch.micro_batches(step):
+                lengths = [rank_batch.total_lengths[i] for i in mb]
+                tokens = sum(lengths)
+                if backward:
+                    nbytes = self.activation_bytes(tokens) * inflight
+                else:  # forward only: logits for the log-softmax of this micro-batch
+                    nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
+                sizes = self._per_gpu(dict.fromkeys(ranks, nbytes))
+                self.allocator.allocate("activations", sizes)
+                fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
+                await elapse(env, fwd + bwd)
+                self.allocator.release("activations", sizes)
+
+        t0 = float(env.now)
+        tasks = [asyncio.ensure_future(dp_rank(r)) for r in range(lay.dp)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+        self.cluster.recorder.span(self.name, label, t0, float(env.now), step=step)
+
+    async def compute_log_prob(self, rollout_id: int, batch: TrainBatch) -> float:
+        """The old-log-prob forward over the whole batch (seed step 38); returns its virtual seconds."""
+        self._require_init("compute_log_prob")
+        self.lifecycle.check("compute_log_prob")
+        t0 = float(self.cluster.env.now)
+        await self._run_microbatches(batch, None, backward=False, label="compute_log_prob")
+        return float(self.cluster.env.now) - t0
+
+    async def train(self, rollout_id: int, batch: TrainBatch) -> TrainMetrics:
+        """Seed steps 37–41 for one rollout; requires awake (the orchestrator wakes the trainer first)."""
+        self._require_init("train")
+        self.lifecycle.check("train")
+        env = self.cluster.env
+        if batch.dp_size != self.layout.dp:
+            raise TrainerError(f"{self.name}: the batch is scheduled for DP={batch.dp_size} but the trainer "
+                               f"has DP={self.layout.dp}")
+        t_start = float(env.now)
+        timings: dict[str, float] = {}
+        recompute = self.needs_log_prob_recompute(batch)
+        if recompute:
+            timings["log_probs_time"] = await self.compute_log_prob(rollout_id, batch)
+        t_train = float(env.now)
+        for step in range(batch.schedule.num_steps):
+            await self._run_microbatches(batch, step, backward=True, label=f"train_step{step}")
+            t_opt = float(env.now)
+            await elapse(env, self._optimizer_seconds())
+            self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
+        timings["actor_train_time"] = float(env.now) - t_train
+        t_backup = float(env.now)
+        await elapse(env, self._backup_seconds())  # seed step 41: weights_backuper.backup("actor")
+        timings["weight_backup_time"] = float(env.now) - t_backup
+        timings["train_time"] = float(env.now) - t_start
+        self.train_calls += 1
+        self.last_timings = timings
+        self.cluster.recorder.span(self.name, "train", t_start, float(env.now), rollout_id=rollout_id,
+                                   recompute_log_probs=recompute)
+        return self._metrics(rollout_id, batch, recompute, timings)
+
+    def _metrics(self, rollout_id: int, batch: TrainBatch, recomputed: bool,
+                 timings: dict[str, float]) -> TrainMetrics:
+        """Deterministic, plausible figures. The loss is exact for the first step (ratio 1, seed step 40):
+        the per-token mean of −advantage over loss-masked tokens; the rest is seeded noise."""
+        num = 0.0
+        tokens = 0
+        for adv, mask in zip(batch.rewards, batch.loss_masks, strict=True):
+            n = sum(mask)
+            num += -adv * n
+            tokens += n
+        loss = num / tokens if tokens else 0.0
+        rng = random.Random(self.seed * 1_000_003 + rollout_id)
+        steps = batch.schedule.num_steps
+        clipfrac = 0.0 if steps == 1 else rng.uniform(0.0, 0.02) * (steps - 1) / steps
+        grad_norm = 0.5 * math.exp(rng.gauss(0.0, 0.25))
+        entropy = max(0.05, 0.6 * math.exp(-0.002 * rollout_id) + rng.gauss(0.0, 0.01))
+        flops = 3.0 * sum(self.model.sequence_flops(n) for n in batch.total_lengths)
+        if recomputed:
+            flops += flops / 3.0
+        extra = {f"perf/{k}": v for k, v in timings.items()}
+        train_time = timings.get("actor_train_time", 0.0) + timings.get("log_probs_time", 0.0)
+        if train_time > 0:
+            extra["perf/actor_train_tflops"] = flops / train_time / self.layout.world / 1e12
+        return TrainMetrics(rollout_id=rollout_id, loss=loss, pg_clipfrac=clipfrac, grad_norm=grad_norm,
+                            entropy=entropy, tokens=tokens, num_steps=steps, recomputed_log_probs=recomputed,
+                            extra=extra)
+
+    # --- weights ----------------------------------------------------------------------------------
+    async def export_weights(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:
+        """Seed step 48: HF-named full tensors in buckets of at most `bucket_bytes` (a larger tensor
+        gets a bucket of its own). Each bucket is staged on every actor GPU while the consumer uses it."""
+        self._require_init("export_weights")
+        self.lifecycle.check("export_weights")
+        if bucket_bytes <= 0:
+            raise ConfigError(f"--update-weight-buffer-size must be > 0, got {bucket_bytes}")
+        env = self.cluster.env
+        lay = self.layout
+        index = 0
+        for names, shapes, nbytes in self._buckets(bucket_bytes):
+            t0 = float(env.now)
+            for gpu in self.gpus:
+                gpu.alloc(self.name, TAG_WEIGHT_BUFFER, nbytes)
+            try:
+                # Each rank stages its shard from the CPU backup, then TP ranks gather full tensors.
+                await elapse(env, nbytes / (lay.tp * lay.pp) / self.hw.h2d_bytes_per_s
+                             + self.hw.allgather_seconds(nbytes / lay.pp, lay.tp))
+                self.cluster.recorder.span(self.name, "export_bucket", t0, float(env.now), index=index,
+                                           nbytes=nbytes)
+                yield WeightBucket(names=names, dtype_names=["bfloat16"] * len(names),
+                                   shapes=[list(s) for s in shapes], nbytes=nbytes, index=index)
+            finally:
+                for gpu in self.gpus:
+                    gpu.free(self.name, TAG_WEIGHT_BUFFER, nbytes)
+            index += 1
+
+    def _buckets(self, bucket_bytes: int) -> list[tuple[list[str], list[tuple[int, ...]], int]]:
+        out: list[tuple[list[str], list[tuple[int, ...]], int]] = []
+        names: list[str] = []
+        shapes: list[tuple[int, ...]] = []
+        size = 0
+        for name, shape in self.model.hf_weight_shapes():
+            n = math.prod(shape) * self.model.dtype_bytes
+            if names and size + n > bucket_bytes:
+                out.append((names, shapes, size))
+                names, shapes, size = [], [], 0
+            names.append(name)
+            shapes.append(shape)
+            size += n
+        if names:
+            out.append((names, shapes, size))
+        return out
+
+    def export_bytes(self) -> int:
+        """Total bytes `export_weights` yields (the bf16 model)."""
+        return self.model.num_params() * self.model.dtype_bytes
+
+    # --- checkpoints --------------------------------------------------------------------------
+    async def save_checkpoint(self, rollout_id: int, path: str) -> None:
+        """Costs the write of params + optimizer at CHECKPOINT_BYTES_PER_S per node; remembers `rollout_id`."""
+        self._require_init("save_checkpoint")
+        self.lifecycle.check("save_checkpoint")
+        state = self.state_bytes_per_gpu()
+        total = sum(state["params"]) / self.layout.dp + sum(state["optimizer"])
+        nodes = max(1, int(getattr(self.args, "actor_num_nodes", 1)))
+        t0 = float(self.cluster.env.now)
+        await elapse(self.cluster.env, total / (CHECKPOINT_BYTES_PER_S * nodes))
+        self._checkpoints[path] = rollout_id
+        self.cluster.recorder.span(self.name, "save_checkpoint", t0, float(self.cluster.env.now),
+                                   rollout_id=rollout_id, gib=total / GiB)
+
+    async def load_checkpoint(self, path: str) -> int:
+        """The rollout id to resume from (one after the saved one); unknown paths raise TrainerError."""
+        if path not in self._checkpoints:
+            raise TrainerError(f"{self.name}: no simulated checkpoint at {path!r}; saved: {sorted(self._checkpoints)}")
+        return self._checkpoints[path] + 1
