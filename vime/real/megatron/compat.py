@@ -2,8 +2,8 @@
 
 megatron-core assumes CUDA in a handful of places that a CPU run reaches: device strings
 (`torch.cuda.current_device()` as an allocation device), literal `device="cuda"` allocations
-(optimizer scalars, grad-norm buffers, the schedule's token counter), `Tensor.cuda()`,
-`torch.cuda.synchronize()`, and the CUDA RNG state tracker. This module redirects exactly those,
+(optimizer scalars, grad-norm buffers, the schedule's token counter), `Tensor.cuda()`, `Tensor.type()` checks,
+`torch.cuda.synchronize()`, the CUDA RNG state tracker, and grad clipping's assertion that grads are CUDA tensors. This module redirects exactly those,
 and only when no CUDA device exists, so the same trainer code runs on GPUs untouched.
 
 It was written against megatron-core 0.16.1 (the last release for Python 3.11) and refuses any
@@ -95,6 +95,11 @@ class _CudaToCpuMode(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # Megatron's optimizers check `param.type() == "torch.cuda.FloatTensor"`; answer with
+            # the CUDA name of the same dtype so the CPU tensors take the CUDA code path.
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             kwargs["device"] = "cpu"
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
@@ -158,7 +163,22 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
+def _clip_grad_by_total_norm_fp32(parameters: Any, max_norm: float, total_norm: float,
+                                  use_decoupled_grad: bool = False) -> None:
+    """Megatron's grad clipping without its assertion that grads are `torch.cuda.FloatTensor`."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    coeff = max_norm / (total_norm + 1.0e-6)
+    if coeff >= 1.0:
+        return
+    for p in parameters:
+        g = getattr(p, "decoupled_grad", None) if use_decoupled_grad else p.grad
+        if g is not None:
+            g.detach().mul_(coeff)
+
+
 def _apply() -> None:
+    from megatron.core.optimizer import optimizer as moptimizer
     from megatron.core.tensor_parallel import random as mrandom
 
     _saved["current_device"] = torch.cuda.current_device
@@ -170,18 +190,22 @@ def _apply() -> None:
     torch.cuda.empty_cache = _noop
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _saved["clip"] = moptimizer.clip_grad_by_total_norm_fp32
+    moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
     mode = _CudaToCpuMode()
     mode.__enter__()
     _saved["mode"] = mode
 
 
 def _restore() -> None:
+    from megatron.core.optimizer import optimizer as moptimizer
     from megatron.core.tensor_parallel import random as mrandom
 
     _saved.pop("mode").__exit__(None, None, None)
     torch.cuda.current_device = _saved.pop("current_device")
     torch.cuda.synchronize = _saved.pop("synchronize")
     torch.cuda.empty_cache = _saved.pop("empty_cache")
+    moptimizer.clip_grad_by_total_norm_fp32 = _saved.pop("clip")
     mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _saved.pop("tracker")
 
 

@@ -1,0 +1,182 @@
+"""The `vime.protocols.Trainer` implemented by a group of Megatron actors on Ray (seed steps 3, 37–41, 45–52).
+
+`MegatronTrainer.launch` starts (or joins) Ray, reserves a placement group, starts one
+`MegatronActor` per trainer rank, picks a rendezvous address on rank 0 and lets every rank join
+torch.distributed and build its model. After that each protocol call fans out to all ranks
+(they are collective) and folds their answers into one result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from vime.errors import ConfigError, TrainerError
+from vime.protocols import TrainerLifecycle, TrainMetrics, WeightBucket
+from vime.real.megatron.actor import ActorConfig, MegatronActor
+from vime.real.megatron.placement import (
+    PlacementPlan,
+    actor_scheduling,
+    create_placement_group,
+    init_ray,
+    plan_placement,
+)
+
+
+class MegatronTrainer:
+    """Trainer protocol over `world_size` Ray actors (TP × DP, PP = 1)."""
+
+    def __init__(self, actors: list[Any], cfg: ActorConfig, *, ranks: list[dict[str, Any]],
+                 placement_group: Any = None, plan: PlacementPlan | None = None, name: str = "trainer") -> None:
+        self.actors = actors
+        self.cfg = cfg
+        self.ranks = ranks  # what each actor's setup() reported (dp_rank, tp_rank, setup time)
+        self.placement_group = placement_group
+        self.plan = plan
+        self.lifecycle = TrainerLifecycle(name=name)
+        self.tp = cfg.tensor_model_parallel_size
+        self.dp = len(actors) // self.tp
+        self.setup_s = max(r["setup_s"] for r in ranks)
+
+    # --- start / stop -------------------------------------------------------------------------
+    @classmethod
+    def launch(cls, cfg: ActorConfig, world_size: int, *, args: Any = None, address: str | None = None,
+               actor_num_cpus: float = 0.5, use_gpus: bool | None = None,
+               ray_num_cpus: float | None = None) -> MegatronTrainer:
+        """Start `world_size` actors in a fresh placement group and set them up (blocking)."""
+        import ray
+
+        init_ray(address, num_cpus=ray_num_cpus)
+        if use_gpus is None:
+            use_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        if world_size % cfg.tensor_model_parallel_size:
+            raise ConfigError(f"{world_size} trainer ranks are not a multiple of --tensor-model-parallel-size "
+                              f"{cfg.tensor_model_parallel_size}")
+        plan_args = args if args is not None else _Cluster(world_size)
+        plan = plan_placement(plan_args, use_gpus=use_gpus, actor_num_cpus=actor_num_cpus)
+        if plan.num_actors != world_size:
+            raise ConfigError(f"the placement has {plan.num_actors} trainer bundles for {world_size} ranks")
+        pg = create_placement_group(plan)
+        remote_cls = ray.remote(MegatronActor)
+        actors = [
+            remote_cls.options(scheduling_strategy=actor_scheduling(pg, plan.actor_bundles[r]),
+                               **plan.actor_options).remote(cfg, r, world_size)
+            for r in range(world_size)
+        ]
+        try:
+            addr, port = ray.get(actors[0].master_address.remote())
+            ranks = ray.get([a.setup.remote(addr, port) for a in actors])
+        except Exception:
+            for a in actors:
+                ray.kill(a)
+            ray.util.remove_placement_group(pg)
+            raise
+        return cls(actors, cfg, ranks=ranks, placement_group=pg, plan=plan)
+
+    def shutdown(self) -> None:
+        """Kill the actors and release their placement group."""
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+        if self.placement_group is not None:
+            ray.util.remove_placement_group(self.placement_group)
+            self.placement_group = None
+
+    # --- fan-out ------------------------------------------------------------------------------
+    async def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None) -> list[Any]:
+        """Run `method` on every actor (or `ranks`) and return their answers in rank order."""
+        chosen = range(len(self.actors)) if ranks is None else ranks
+        refs = [getattr(self.actors[r], method).remote(*args) for r in chosen]
+        try:
+            return list(await asyncio.gather(*refs))
+        except Exception as exc:
+            raise TrainerError(f"trainer {method}() failed on a rank: {exc}") from exc
+
+    # --- Trainer protocol ---------------------------------------------------------------------
+    async def train(self, rollout_id: int, batch: Any) -> TrainMetrics:
+        """Each actor trains on its DP rank's partition of `batch` (seed steps 37–41)."""
+        self.lifecycle.check("train")
+        if batch.dp_size != self.dp:
+            raise ConfigError(f"the batch is scheduled for {batch.dp_size} DP ranks but the trainer has {self.dp} "
+                              f"(world {len(self.actors)} / TP {self.tp}); build the DP schedule with dp_size={self.dp}")
+        refs = [a.train.remote(rollout_id, batch.for_rank(r["dp_rank"])) for a, r in zip(self.actors, self.ranks, strict=True)]
+        try:
+            results = list(await asyncio.gather(*refs))
+        except Exception as exc:
+            raise TrainerError(f"train(rollout {rollout_id}) failed on a rank: {exc}") from exc
+        self.lifecycle.apply("train")
+        return fold_metrics(rollout_id, results)
+
+    async def compute_log_prob(self, batch: Any) -> list[list[float]]:
+        """Log-probs of every row's response tokens under the current weights, in batch row order."""
+        self.lifecycle.check("compute_log_prob")
+        refs = [a.compute_log_prob.remote(batch.for_rank(r["dp_rank"]))
+                for a, r in zip(self.actors, self.ranks, strict=True)]
+        results = list(await asyncio.gather(*refs))
+        out: list[list[float] | None] = [None] * len(batch.tokens)
+        for r, rows in zip(self.ranks, results, strict=True):
+            if r["tp_rank"] == 0:
+                for pos, row in enumerate(batch.partitions[r["dp_rank"]]):
+                    out[row] = rows[pos]
+        return [x if x is not None else [] for x in out]
+
+    async def sleep(self) -> None:
+        self.lifecycle.check("sleep")
+        await self.call("sleep")
+        self.lifecycle.apply("sleep")
+
+    async def wake_up(self) -> None:
+        self.lifecycle.check("wake_up")
+        await self.call("wake_up")
+        self.lifecycle.apply("wake_up")
+
+    async def export_weights(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:
+        """HF-named buckets from the weight backup (seed step 48); TP shards gathered by the actors."""
+        self.lifecycle.check("export_weights")
+        results = await self.call("export_weights", bucket_bytes)
+        for bucket in results[0]:
+            yield bucket
+
+    async def save_checkpoint(self, rollout_id: int, path: str) -> None:
+        self.lifecycle.check("save_checkpoint")
+        await self.call("save_checkpoint", rollout_id, path)
+
+    async def load_checkpoint(self, path: str) -> int:
+        """Load weights from `path` (a vime checkpoint) on every rank; returns the rollout id to resume from."""
+        ids = await self.call("load_checkpoint", path)
+        if len(set(ids)) != 1:
+            raise TrainerError(f"ranks disagree on the resume rollout id: {ids}")
+        return int(ids[0])
+
+
+class _Cluster:
+    """Cluster flags for a standalone trainer: one bundle per rank, no engines."""
+
+    def __init__(self, world_size: int) -> None:
+        self.actor_num_nodes = 1
+        self.actor_num_gpus_per_node = world_size
+        self.colocate = False
+        self.rollout_num_gpus = 0
+        self.rollout_num_gpus_per_engine = 1
+
+
+def fold_metrics(rollout_id: int, results: list[dict[str, Any]]) -> TrainMetrics:
+    """One TrainMetrics from every rank's answer: means over DP ranks (TP rank 0 of each), token sums."""
+    heads = [r for r in results if r["tp_rank"] == 0] or results
+    n = len(heads)
+    tokens = sum(int(r["tokens"]) for r in heads)
+    elapsed = max(float(r["train_time"]) for r in results)
+    return TrainMetrics(
+        rollout_id=rollout_id,
+        loss=sum(r["loss"] for r in heads) / n,
+        pg_clipfrac=sum(r["pg_clipfrac"] for r in heads) / n,
+        grad_norm=float(heads[0]["grad_norm"]),  # already global: Megatron reduces it over all ranks
+        entropy=sum(r["entropy"] for r in heads) / n,
+        tokens=tokens,
+        num_steps=int(heads[0]["num_steps"]),
+        recomputed_log_probs=bool(heads[0]["recomputed_log_probs"]),
+        extra={"train_time": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0},
+    )
