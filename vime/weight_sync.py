@@ -1,0 +1,56 @@
+"""Publishing the trainer's weights to every rollout engine (seed steps 45–52), written once against the protocols.
+
+The sequence, for version v: pause every engine (abort when the caches are flushed, else keep
+requests frozen in place) → flush the prefix caches when flushing → open a weight-update session
+on every engine → for each bucket the trainer exports, push it to every engine concurrently →
+close the sessions stamping v → resume. The same code does the first publication at start-up
+(seed step 8, v0 → v1, always flushed) and every later one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vime.algo.weight_sync import pause_mode_for_update
+from vime.protocols import RolloutEngine, Trainer
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """What one publication did: the version stamped, whether caches were flushed, buckets and bytes pushed."""
+
+    version: int
+    flushed: bool
+    pause_mode: str
+    buckets: int
+    bytes_per_engine: int
+
+
+async def publish_weights(trainer: Trainer, engines: Sequence[RolloutEngine], version: int, *,
+                          flush_cache: bool, bucket_bytes: int) -> PublishReport:
+    """Push the trainer's current weights to `engines` and stamp `version` (seed steps 46–52).
+
+    Preconditions: every engine has its weights mapped (woken with tags=[weights], seed step 43)
+    and `version` is above the engines' current version. Buckets go out one at a time, each to
+    all engines at once, so at most one bucket of staging memory is held on the trainer side.
+    """
+    mode = pause_mode_for_update(flush_cache)
+    # seed step 46
+    await asyncio.gather(*(e.pause(mode) for e in engines))
+    if flush_cache:
+        await asyncio.gather(*(e.flush_cache() for e in engines))
+    # seed step 47
+    await asyncio.gather(*(e.start_weight_update() for e in engines))
+    # seed steps 48–50
+    buckets = nbytes = 0
+    async for bucket in trainer.export_weights(bucket_bytes):
+        await asyncio.gather(*(e.update_weights(bucket) for e in engines))
+        buckets += 1
+        nbytes += bucket.nbytes
+    # seed step 51
+    await asyncio.gather(*(e.finish_weight_update(version) for e in engines))
+    # seed step 52
+    await asyncio.gather(*(e.resume() for e in engines))
+    return PublishReport(version, flush_cache, mode, buckets, nbytes)
