@@ -643,6 +643,55 @@ def test_run_on_a_given_environment_keeps_its_clock_and_simpy_events():
     assert done == [110] and env.now == 110
 
 
+def test_successive_runs_on_one_environment_continue_its_clock():
+    env = simpy.Environment()
+
+    async def step(d):
+        await asyncio.sleep(d)
+        return now()
+
+    assert [run(step(1), env=env), run(step(2), env=env)] == [1, 3]
+
+
+def test_works_under_asyncio_runner_and_in_debug_mode():
+    async def main():
+        await asyncio.sleep(2.5)
+        return now()
+
+    with asyncio.Runner(loop_factory=new_sim_loop, debug=True) as runner:
+        assert runner.get_loop().get_debug()
+        assert runner.run(main()) == 2.5
+        assert runner.run(main()) == 5.0
+
+
+@pytest.mark.timeout(30)
+def test_main_error_survives_a_cleanup_that_deadlocks():
+    async def stubborn():
+        try:
+            await asyncio.sleep(100)
+        except asyncio.CancelledError:
+            await asyncio.get_running_loop().create_future()  # refuses to finish
+
+    async def main():
+        asyncio.create_task(stubborn(), name="stubborn")
+        await asyncio.sleep(1)
+        raise LookupError("the real failure")
+
+    with pytest.raises(LookupError, match="the real failure") as info:
+        run(main())
+    assert any("deadlock" in note and "stubborn" in note for note in info.value.__notes__)
+
+
+@pytest.mark.timeout(30)
+def test_run_forever_with_nothing_to_do_is_an_error_not_a_hang():
+    loop = new_sim_loop()
+    try:
+        with pytest.raises(SimulationError, match="nothing is ready"):
+            loop.run_forever()
+    finally:
+        loop.close()
+
+
 # --- threads and real I/O are refused -----------------------------------------------------------
 
 

@@ -24,11 +24,18 @@ relies on ``_run_once`` asking ``self._selector.select(timeout)`` with ``timeout
 callbacks are ready or a stop is pending and ``None`` otherwise (our timers never enter
 ``self._scheduled``), on ``self._ready`` being the deque of ready handles, and on
 ``TimerHandle.cancel`` calling ``loop._timer_handle_cancelled``.
+
+Caveats: a simpy process that ticks forever keeps the queue non-empty and so hides a deadlock --
+bound such runs with ``run(..., until=t)``. A failed simpy event nobody waits for stops the run,
+and simpy re-raises it as ``type(exc)(*exc.args)``: an exception class whose ``__init__`` does not
+accept its own ``.args`` then surfaces as a TypeError. ``asyncio.wait`` returns sets: sort what
+you collect by a stable key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import heapq
 import itertools
@@ -36,7 +43,7 @@ import math
 import threading
 import weakref
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import simpy
 from simpy.core import EmptySchedule
@@ -129,6 +136,17 @@ class SimEventLoop(asyncio.BaseEventLoop):
     Close it (``loop.close()``) when done; :func:`run` does that for you.
     """
 
+    if TYPE_CHECKING:  # the BaseEventLoop internals this loop relies on (typeshed omits them)
+        _ready: collections.deque[asyncio.Handle]
+        _stopping: bool
+        _closed: bool
+        _debug: bool
+        _thread_id: int | None
+
+        def _check_closed(self) -> None: ...
+        def _check_thread(self) -> None: ...
+        def _check_callback(self, callback: Any, method: str) -> None: ...
+
     def __init__(self, env: simpy.Environment | None = None) -> None:
         super().__init__()
         if env is None:
@@ -158,7 +176,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         """The virtual time: ``env.now``."""
         return self.env.now
 
-    def call_later(self, delay: float, callback: Any, *args: Any,
+    def call_later(self, delay: float, callback: Any, *args: Any,  # type: ignore[override]
                    context: Any = None) -> asyncio.TimerHandle:
         """Run ``callback(*args)`` once ``delay`` virtual seconds have passed (a simpy timeout of ``delay``)."""
         if delay is None:
@@ -167,7 +185,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         # now + delay as the handle's `when`, so asyncio.sleep(x) wakes at exactly now + x.
         return self._new_timer(self.env.now + delay, delay, callback, args, context)
 
-    def call_at(self, when: float, callback: Any, *args: Any,
+    def call_at(self, when: float, callback: Any, *args: Any,  # type: ignore[override]
                 context: Any = None) -> asyncio.TimerHandle:
         """Run ``callback(*args)`` at virtual time ``when`` exactly (immediately if ``when`` is past)."""
         if when is None:
@@ -183,8 +201,9 @@ class SimEventLoop(asyncio.BaseEventLoop):
             self._check_thread()
             self._check_callback(callback, "call_at")
         handle = asyncio.TimerHandle(when, callback, args, self, context)
-        if handle._source_traceback:
-            del handle._source_traceback[-1]
+        source = getattr(handle, "_source_traceback", None)  # debug mode: drop this frame, as asyncio does
+        if source:
+            del source[-1]
         # A timer at +inf never fires; putting it in simpy's queue would let env.step() reach t=inf.
         if delay != math.inf:
             _TimerEvent(self, handle, delay if delay > 0 else 0.0)
@@ -250,7 +269,8 @@ class SimEventLoop(asyncio.BaseEventLoop):
 
     # --- tasks and reports ------------------------------------------------------------------
 
-    def create_task(self, coro: Any, *, name: str | None = None, context: Any = None) -> asyncio.Task[Any]:
+    def create_task(self, coro: Any, *, name: str | None = None,  # type: ignore[override]
+                    context: Any = None) -> asyncio.Task[Any]:
         """Like BaseEventLoop.create_task; unnamed tasks get a per-loop name ``Task-N`` (stable across runs)."""
         seq = next(self._task_counter)
         if name is None:
@@ -329,7 +349,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
 
     # --- threads and I/O are refused --------------------------------------------------------
 
-    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:  # type: ignore[override]
         """Refused: a thread's wall-clock work is invisible to the virtual clock."""
         raise SimulationError(f"run_in_executor({_callable_name(func)}) / asyncio.to_thread(): {_THREADS_REFUSED}")
 
@@ -337,7 +357,8 @@ class SimEventLoop(asyncio.BaseEventLoop):
         """Refused: no executor can run inside a simulation."""
         raise SimulationError(f"set_default_executor(): {_THREADS_REFUSED}")
 
-    def call_soon_threadsafe(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+    def call_soon_threadsafe(self, callback: Any, *args: Any,  # type: ignore[override]
+                             context: Any = None) -> asyncio.Handle:
         """call_soon from the loop's own thread; another thread is refused while the loop runs."""
         if self._thread_id is not None and threading.get_ident() != self._thread_id:
             raise SimulationError(f"call_soon_threadsafe() from another thread: {_THREADS_REFUSED}")
@@ -477,7 +498,7 @@ def _deliver(fut: asyncio.Future[Any], event: simpy.Event) -> None:
         fut.set_result(event.value)
     else:
         event.defused = True
-        fut.set_exception(event.value)
+        fut.set_exception(cast(BaseException, event.value))
 
 
 async def wait_event(event: simpy.Event) -> Any:
@@ -512,11 +533,12 @@ def future_event(fut: asyncio.Future[Any], env: simpy.Environment | None = None)
     def on_done(f: asyncio.Future[Any]) -> None:
         loop._future_events.pop(event, None)
         if f.cancelled():
-            event.fail(asyncio.CancelledError(f"awaited asyncio future was cancelled: {f!r}"))
+            # simpy's annotation says Exception; it accepts (and processes catch) any BaseException.
+            event.fail(asyncio.CancelledError(f"awaited asyncio future was cancelled: {f!r}"))  # type: ignore[arg-type]
             return
         exc = f.exception()
         if exc is not None:
-            event.fail(exc)
+            event.fail(exc)  # type: ignore[arg-type]
         else:
             event.succeed(f.result())
 
