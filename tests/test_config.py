@@ -6,6 +6,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vime.config import (
     COMMANDS,
@@ -235,3 +237,28 @@ def test_config_import_stays_light() -> None:
     code = "import sys, vime.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+@settings(max_examples=150, deadline=None)
+@given(tp=st.sampled_from([1, 2, 3, 4, 8]), pp=st.sampled_from([1, 2]), nodes=st.integers(1, 2),
+       rbs=st.sampled_from([4, 8, 16, 32]), n=st.sampled_from([1, 2, 4, 8]), steps=st.sampled_from([1, 2, 4]),
+       mbs=st.sampled_from([1, 2, 4]), per_engine=st.sampled_from([1, 2, 4, 8, 3]))
+def test_property_valid_or_named_error(tp: int, pp: int, nodes: int, rbs: int, n: int, steps: int, mbs: int,
+                                       per_engine: int) -> None:
+    argv = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+            "--actor-num-nodes", str(nodes), "--rollout-batch-size", str(rbs), "--n-samples-per-prompt", str(n),
+            "--num-steps-per-rollout", str(steps), "--micro-batch-size", str(mbs),
+            "--rollout-num-gpus-per-engine", str(per_engine)]
+    gpus = 8 * nodes
+    dp = gpus // (tp * pp)
+    consistent = (gpus % (tp * pp) == 0 and (rbs * n) % steps == 0
+                  and ((rbs * n) // steps) % (mbs * dp) == 0 and gpus % per_engine == 0)
+    if not consistent:
+        with pytest.raises(ConfigError, match="--"):
+            parse_args(argv, command="simulate")
+        return
+    args = parse_args(argv, command="simulate")
+    assert args.global_batch_size * args.num_steps_per_rollout == rbs * n
+    assert args.data_parallel_size * tp * pp * args.context_parallel_size == args.actor_num_gpus == gpus
+    assert args.rollout_num_engines * per_engine == args.rollout_num_gpus == gpus
+    assert args.num_microbatches_per_step * mbs * dp == args.global_batch_size
