@@ -697,6 +697,9 @@ class SimEngine:
                     self._preempt_all()
                     self._hold = True
                     ev.succeed()
+            elif kind == "abort":
+                self._abort_all(include_held=True)
+                ev.succeed()
             elif kind == "flush":
                 self._preempt_all()
                 self._log("flush")
@@ -907,6 +910,15 @@ class SimEngine:
             self._waiting.append(self._held.popleft())
         self._poke()
         self._report("resume", t0)
+
+    async def abort_requests(self) -> None:
+        """POST /abort_requests {} (seed step 28): every request in the engine ends with "abort" and its partial tokens."""
+        t0 = float(self.env.now)
+        self._alive("abort_requests")
+        await self._pause_for(self.settings.http_rtt_s / 2)
+        await self._control("abort")
+        await self._pause_for(self.settings.http_rtt_s / 2)
+        self._report("abort_requests", t0)
 
     async def is_paused(self) -> bool:
         self._alive("is_paused")
