@@ -22,6 +22,7 @@ from vime.sim.clock import (
     new_sim_loop,
     now,
     run,
+    sleep_until,
     wait_event,
 )
 
@@ -125,6 +126,34 @@ def test_call_at_fires_exactly_at_the_requested_time():
         finally:
             loop.close()
         assert fired == [when], (start, when)
+
+
+def test_sleep_until_lands_exactly_and_numpy_free():
+    async def main():
+        await asyncio.sleep(0.1)
+        await sleep_until(0.7)
+        t1 = now()
+        await sleep_until(0.5)  # in the past: returns at once
+        await asyncio.sleep(_FloatLike(0.25))
+        return t1, now(), type(now())
+
+    assert run(main()) == (0.7, 0.7 + 0.25, float)
+
+
+class _FloatLike:
+    """A duration type that is not a float (like numpy.float64); the loop must store plain floats."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __float__(self):
+        return self.value
+
+    def __gt__(self, other):
+        return self.value > other
+
+    def __le__(self, other):
+        return self.value <= other
 
 
 def test_timer_at_infinity_never_fires_and_the_wait_is_reported():

@@ -58,6 +58,7 @@ __all__ = [
     "new_sim_loop",
     "now",
     "run",
+    "sleep_until",
     "wait_event",
 ]
 
@@ -181,6 +182,8 @@ class SimEventLoop(asyncio.BaseEventLoop):
         """Run ``callback(*args)`` once ``delay`` virtual seconds have passed (a simpy timeout of ``delay``)."""
         if delay is None:
             raise TypeError("delay must not be None")
+        # float() keeps numpy scalars (durations computed by models) out of env.now.
+        delay = float(delay)
         # Scheduling with `delay` itself (not when - now) makes simpy compute the same float sum
         # now + delay as the handle's `when`, so asyncio.sleep(x) wakes at exactly now + x.
         return self._new_timer(self.env.now + delay, delay, callback, args, context)
@@ -190,6 +193,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         """Run ``callback(*args)`` at virtual time ``when`` exactly (immediately if ``when`` is past)."""
         if when is None:
             raise TypeError("when cannot be None")
+        when = float(when)
         return self._new_timer(when, _delay_until(self.env.now, when), callback, args, context)
 
     def _new_timer(self, when: float, delay: float, callback: Any, args: tuple[Any, ...],
@@ -499,6 +503,22 @@ def _deliver(fut: asyncio.Future[Any], event: simpy.Event) -> None:
     else:
         event.defused = True
         fut.set_exception(cast(BaseException, event.value))
+
+
+async def sleep_until(when: float) -> None:
+    """Sleep until virtual time ``when`` exactly (``asyncio.sleep(when - now())`` can miss it by an ulp)."""
+    loop = _running_sim_loop("sleep_until()")
+    fut = loop.create_future()
+    handle = loop.call_at(when, _set_result_unless_done, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+
+
+def _set_result_unless_done(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 async def wait_event(event: simpy.Event) -> Any:
