@@ -1,0 +1,354 @@
+"""SimTrainer: protocol conformance, per-rank memory by hand, timing by hand, OOM, recompute decision, determinism."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+import simpy
+from trainer_conformance import ALL_CHECKS, TrainerSubject
+
+from vime.algo.dp_schedule import build_dp_schedule
+from vime.config import parse_args
+from vime.errors import ConfigError, OutOfMemoryError, TrainerError
+from vime.protocols import ENGINE_TAGS, TAG_KV_CACHE
+from vime.sim import clock
+from vime.sim.hardware import load_hardware
+from vime.sim.memory import GiB, SimAllocator, SimCluster
+from vime.sim.models import load_model
+from vime.sim.trainer import Layout, SimTrainer
+from vime.types import TrainBatch
+
+H100 = load_hardware("H100-SXM-80G")
+QWEN3_4B = load_model("Qwen3-4B")
+SMALL = load_model("Qwen3-0.6B")
+
+
+def _args(*flags: str) -> Any:
+    return parse_args(list(flags), command="simulate")
+
+
+def _seed_args(**changes: Any) -> Any:
+    """The seed's configuration; offload_train=False also un-colocates it (the parser requires that)."""
+    if changes.get("offload_train") is False:
+        changes = {"colocate": False, "rollout_num_gpus": 8, **changes}
+    args = _args()
+    return args.replace(**changes) if changes else args
+
+
+def _batch(args: Any, rollout_id: int = 0, *, seed: int = 0, response_max: int = 1024,
+           lengths: list[int] | None = None) -> TrainBatch:
+    n = args.rollout_batch_size * args.n_samples_per_prompt
+    rng = random.Random(seed)
+    if lengths is None:
+        prompts = [rng.randint(64, 512) for _ in range(n)]
+        responses = [rng.randint(1, response_max) for _ in range(n)]
+    else:
+        prompts = [1] * n
+        responses = [x - 1 for x in lengths]
+    totals = [p + r for p, r in zip(prompts, responses, strict=True)]
+    schedule = build_dp_schedule(totals, dp_size=args.data_parallel_size, micro_batch_size=args.micro_batch_size,
+                                 global_batch_size=args.global_batch_size)
+    rewards = [rng.choice([0.9354, -0.9354]) for _ in range(n)]
+    return TrainBatch(rollout_id=rollout_id, tokens=[[0] * t for t in totals], response_lengths=responses,
+                      loss_masks=[[1] * r for r in responses], raw_rewards=[1.0] * n, rewards=rewards,
+                      total_lengths=totals, sample_indices=list(range(n)),
+                      group_indices=[i // args.n_samples_per_prompt for i in range(n)], schedule=schedule)
+
+
+def _trainer(args: Any, model=QWEN3_4B, hw=H100, gpus: int = 8, **kw: Any) -> tuple[SimTrainer, SimCluster]:
+    cl = SimCluster.create(simpy.Environment(), hw, gpus)
+    return SimTrainer(args, model, cl, **kw), cl
+
+
+def _run(cl: SimCluster, coro: Any) -> Any:
+    return clock.run(coro, env=cl.env)
+
+
+# --------------------------------------------------------------------------------------------
+# Conformance
+# --------------------------------------------------------------------------------------------
+
+
+def _subject(pinned: str) -> TrainerSubject:
+    args = _args("--no-offload-train", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
+                 "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--micro-batch-size", "2",
+                 "--no-colocate")
+    tr, cl = _trainer(args, SMALL, gpus=2, pinned=pinned)
+    _run(cl, tr.init())
+    return TrainerSubject(tr, lambda coro: _run(cl, coro), lambda rid: _batch(args, rid, seed=rid),
+                          SMALL.num_params() * 2)
+
+
+@pytest.mark.parametrize("pinned", ["persistent", "cold"])
+@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
+def test_sim_trainer_conforms(check, pinned):
+    check(lambda: _subject(pinned))
+
+
+# --------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------
+
+
+def test_seed_layout_is_tp2_dp4_with_megatron_rank_order():
+    tr, _ = _trainer(_seed_args())
+    lay = tr.layout
+    assert (lay.tp, lay.pp, lay.cp, lay.dp) == (2, 1, 1, 4)
+    assert [lay.coords(r)[:3] for r in range(4)] == [(0, 0, 0), (1, 0, 0), (0, 0, 1), (1, 0, 1)]
+    assert lay.ranks_of_dp(3) == [6, 7]
+
+
+def test_per_rank_state_by_hand_for_the_seed():
+    """Qwen3-4B, TP 2: bf16 params 2 B, fp32 grads 4 B, fp32 master + m + v 12 B sharded over DP 4."""
+    args = _seed_args(offload_train=False)
+    tr, cl = _trainer(args)
+    _run(cl, tr.init())
+    p = (151936 * 2560 + 36 * (2560 * 4096 + 2 * 2560 * 1024 + 4096 * 2560 + 3 * 2560 * 9728)) // 2 \
+        + 36 * (2 * 2560 + 256) + 2560
+    for gpu in cl.gpus:
+        assert gpu.used("actor", "params") == 2 * p
+        assert gpu.used("actor", "grads") == 4 * p
+        assert gpu.used("actor", "optimizer") == 12 * math.ceil(p / 4)
+        assert gpu.used("actor", "context") == H100.cuda_context_bytes
+    assert cl.host.used("actor", "weight_backup") == 8 * 2 * p  # seed step 41: every rank backs up its shard
+
+
+def test_without_distributed_optimizer_every_rank_holds_the_whole_adam_state():
+    tr, _ = _trainer(_seed_args(use_distributed_optimizer=False))
+    assert tr.state_bytes_per_gpu()["optimizer"] == [12 * QWEN3_4B.params_per_rank(2)] * 8
+
+
+def test_offload_train_sleeps_after_init_and_wake_restores_it():
+    tr, cl = _trainer(_seed_args())  # the seed colocates, so offload_train is on
+    _run(cl, tr.init())
+    assert tr.lifecycle.state.value == "asleep"
+    assert cl.gpus[0].used("actor") == H100.cuda_context_bytes
+    awake = {k: v[0] for k, v in tr.state_bytes_per_gpu().items()}
+    _run(cl, tr.wake_up())
+    assert {t: cl.gpus[0].used("actor", t) for t in awake} == awake
+    before = [g.used() for g in cl.gpus]
+    _run(cl, tr.train(0, _batch(tr.args)))
+    assert [g.used() for g in cl.gpus] == before  # activations all released
+    _run(cl, tr.sleep())
+    assert [g.used() for g in cl.gpus] == [H100.cuda_context_bytes] * 8
+
+
+def test_cold_pinned_host_memory_is_freed_on_wake_except_the_backup():
+    tr, cl = _trainer(_seed_args(), pinned="cold")
+    _run(cl, tr.init())
+    backup = cl.host.used("actor", "weight_backup")
+    assert cl.host.used() > backup
+    _run(cl, tr.wake_up())
+    assert cl.host.used() == backup
+
+
+def test_activation_peak_is_one_micro_batch_and_grows_with_its_tokens():
+    def peak(response_max: int) -> int:
+        tr, cl = _trainer(_seed_args(offload_train=False))
+        _run(cl, tr.init())
+        _run(cl, tr.train(0, _batch(tr.args, response_max=response_max)))
+        return max(cl.gpus[g].peak("actor", "activations") for g in range(8))
+
+    short, long = peak(128), peak(1024)
+    assert 0 < short < long
+    per_token = QWEN3_4B.activation_bytes_per_token(2)
+    assert long <= per_token * 8 * (512 + 1024) + 1  # at most one micro-batch of 8 longest samples
+
+
+def test_activation_oom_happens_at_the_micro_batch_that_does_not_fit():
+    """Rank 0's second micro-batch is enormous: the OOM is at the end of its first micro-batch, tag activations."""
+    args = _args("--no-colocate", "--no-offload-train", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus",
+                 "2", "--tensor-model-parallel-size", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt",
+                 "1", "--micro-batch-size", "1", "--rollout-max-context-len", "65536",
+                 "--rollout-max-response-len", "60000")
+    tr, cl = _trainer(args, gpus=2)
+    _run(cl, tr.init())
+    small, huge = 1000, 60000
+    batch = _batch(args, lengths=[small, huge])
+    assert batch.micro_batch_indices[0] == [[0], [1]]
+    t0 = cl.env.now
+    flops = 3 * QWEN3_4B.sequence_flops(small) / (2 * H100.train_flops)
+    comm = 3 * 4 * 36 * H100.allgather_seconds(small * 2560 * 2, 2)  # fwd + 2× bwd
+    cl.recorder.on_phase("train", True, t0, 7)
+    with pytest.raises(OutOfMemoryError) as info:
+        _run(cl, tr.train(7, batch))
+    err = info.value
+    assert (err.gpu, err.owner, err.tag, err.phase) == (0, "actor", "activations", "train")
+    assert err.time == pytest.approx(t0 + flops + comm, rel=1e-12)
+    assert err.requested == tr.activation_bytes(huge)
+
+
+def test_colocated_engine_kv_makes_the_trainer_wake_oom():
+    tr, cl = _trainer(_seed_args())
+    _run(cl, tr.init())
+    engine = SimAllocator("engine3", cl.gpus[6:8], H100, host=cl.host, known_tags=ENGINE_TAGS)
+    engine.allocate(TAG_KV_CACHE, 70 * GiB)  # an engine that was never put to sleep
+    cl.recorder.on_phase("train", True, cl.env.now, 0)
+    with pytest.raises(OutOfMemoryError) as info:
+        _run(cl, tr.wake_up())
+    assert info.value.gpu == 6 and info.value.owner == "actor" and info.value.phase == "train"
+    assert all(g.used("actor") == H100.cuda_context_bytes for g in cl.gpus)
+
+
+# --------------------------------------------------------------------------------------------
+# Time
+# --------------------------------------------------------------------------------------------
+
+
+def test_train_time_by_hand_for_one_sequence():
+    """TP 2, DP 1, one micro-batch of one 2048-token sequence, no recompute."""
+    args = _args("--no-colocate", "--no-offload-train", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
+                 "--rollout-batch-size", "1", "--n-samples-per-prompt", "1", "--micro-batch-size", "1")
+    tr, cl = _trainer(args, gpus=2, reuse_log_probs=True)
+    _run(cl, tr.init())
+    t0 = cl.env.now
+    metrics = _run(cl, tr.train(0, _batch(args, lengths=[2048])))
+    L, h = 2048, 2560
+    dense = QWEN3_4B.num_params() - 36 * (2 * h + 256) - h
+    fwd_flops = 2 * dense * L + 4 * 36 * 32 * 128 * L * (L + 1) / 2
+    compute = 3 * fwd_flops / (2 * H100.bf16_flops * H100.efficiency.train_mfu)
+    bus = H100.nvlink_bytes_per_s * H100.efficiency.allreduce_bw_util
+    tp_comm = 3 * 4 * 36 * (0.5 * L * h * 2) / bus  # fwd + 2× bwd; 4 SP collectives per layer
+    p = QWEN3_4B.params_per_rank(2)
+    optimizer = p * 30 / (H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util)  # DP 1: no reduce
+    backup = 2 * p / (H100.host_link_d2h_bytes_per_s * H100.efficiency.host_copy_util)
+    assert cl.env.now - t0 == pytest.approx(compute + tp_comm + optimizer + backup, rel=1e-9)
+    assert metrics.extra["perf/train_time"] == pytest.approx(cl.env.now - t0, rel=1e-12)
+
+
+def test_longer_responses_train_longer_and_more_gpus_train_faster():
+    def train_time(response_max: int, gpus: int) -> float:
+        args = _seed_args(actor_num_gpus_per_node=gpus, rollout_num_gpus=gpus, offload_train=False)
+        tr, cl = _trainer(args, gpus=gpus)
+        _run(cl, tr.init())
+        return _run(cl, tr.train(0, _batch(args, response_max=response_max))).extra["perf/train_time"]
+
+    assert train_time(256, 8) < train_time(1024, 8)
+    assert train_time(1024, 8) < train_time(1024, 4)
+
+
+def test_log_prob_recompute_only_when_the_reuse_decision_says_so():
+    """Seed step 38: reused for the seed ([8]); a separate forward with 4 steps per rollout ([2, 2, 2, 2])."""
+    seed_args = _seed_args(offload_train=False)
+    four = _args("--num-steps-per-rollout", "4", "--no-offload-train", "--no-colocate", "--rollout-num-gpus", "8")
+    out = {}
+    for label, args in (("seed", seed_args), ("four", four)):
+        tr, cl = _trainer(args)
+        _run(cl, tr.init())
+        batch = _batch(args)
+        m = _run(cl, tr.train(0, batch))
+        out[label] = (batch.num_microbatches, m.recomputed_log_probs,
+                      [s.name for s in cl.recorder.spans if s.track == "actor"])
+    assert out["seed"][0] == [8] and out["seed"][1] is False and "compute_log_prob" not in out["seed"][2]
+    assert out["four"][0] == [2, 2, 2, 2] and out["four"][1] is True
+    assert out["four"][2].count("compute_log_prob") == 1 and out["four"][2].count("optimizer_step") == 4
+
+
+def test_persistent_offload_buffers_make_the_second_sleep_cheaper_than_cold():
+    def second_sleep(pinned: str) -> float:
+        tr, cl = _trainer(_seed_args(), pinned=pinned)
+        _run(cl, tr.init())  # first sleep
+        _run(cl, tr.wake_up())
+        t0 = cl.env.now
+        _run(cl, tr.sleep())
+        return cl.env.now - t0
+
+    cold, persistent = second_sleep("cold"), second_sleep("persistent")
+    offloaded = max(QWEN3_4B.params_per_rank(2) * 2 + math.ceil(QWEN3_4B.params_per_rank(2) / 4) * 12, 0)
+    assert cold - persistent == pytest.approx(offloaded / GiB * H100.vmm.pinned_alloc_s_per_gib, rel=1e-9)
+
+
+def test_export_stages_each_bucket_on_every_gpu_until_the_consumer_moves_on():
+    tr, cl = _trainer(_seed_args())
+    _run(cl, tr.init())
+    seen: list[tuple[int, list[int]]] = []
+
+    async def consume() -> int:
+        n = 0
+        async for bucket in tr.export_weights(GiB):
+            seen.append((bucket.nbytes, [g.used("actor", "weight_buffer") for g in cl.gpus]))
+            n += 1
+        return n
+
+    t0 = cl.env.now
+    n = _run(cl, consume())
+    assert n >= math.ceil(QWEN3_4B.num_params() * 2 / GiB)  # no bucket exceeds 1 GiB (no tensor does)
+    assert all(used == [nbytes] * 8 for nbytes, used in seen)
+    assert all(g.used("actor", "weight_buffer") == 0 for g in cl.gpus)
+    staged = sum(nb for nb, _ in seen)
+    expected = staged / 2 / H100.h2d_bytes_per_s + sum(H100.allgather_seconds(nb, 2) for nb, _ in seen)
+    assert cl.env.now - t0 == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ConfigError):
+        _run(cl, consume_one(tr, 0))
+
+
+async def consume_one(tr: SimTrainer, bucket_bytes: int) -> None:
+    async for _ in tr.export_weights(bucket_bytes):
+        break
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics, determinism, misuse
+# --------------------------------------------------------------------------------------------
+
+
+def test_first_step_loss_is_the_token_mean_of_minus_advantage():
+    """Seed step 40 with ratio 1: loss_token = −A, averaged over loss-masked tokens."""
+    args = _seed_args(offload_train=False)
+    tr, cl = _trainer(args)
+    _run(cl, tr.init())
+    batch = _batch(args)
+    m = _run(cl, tr.train(0, batch))
+    tokens = sum(batch.response_lengths)
+    assert m.loss == pytest.approx(sum(-a * n for a, n in zip(batch.rewards, batch.response_lengths,
+                                                                 strict=True)) / tokens, rel=1e-12)
+    assert m.pg_clipfrac == 0.0 and m.tokens == tokens
+
+
+def test_same_inputs_same_results():
+    def once() -> tuple[Any, ...]:
+        args = _seed_args()
+        tr, cl = _trainer(args)
+
+        async def main() -> Any:
+            await tr.init()
+            await tr.wake_up()
+            m = await tr.train(3, _batch(args, 3, seed=3))
+            await tr.sleep()
+            return m
+
+        m = _run(cl, main())
+        return (m, [(s.track, s.name, s.t0, s.t1) for s in cl.recorder.spans],
+                [tuple(vars(x).values()) for x in cl.recorder.samples])
+
+    assert once() == once()
+
+
+def test_misuse_before_init_and_mismatched_batches():
+    args = _seed_args(offload_train=False)
+    tr, cl = _trainer(args)
+    with pytest.raises(TrainerError, match="init"):
+        _run(cl, tr.train(0, _batch(args)))
+    _run(cl, tr.init())
+    with pytest.raises(TrainerError, match="twice"):
+        _run(cl, tr.init())
+    other = _seed_args(tensor_model_parallel_size=4)
+    with pytest.raises(TrainerError, match="DP=2"):
+        _run(cl, tr.train(0, _batch(other)))
+    with pytest.raises(TrainerError, match="no simulated checkpoint"):
+        _run(cl, tr.load_checkpoint("nowhere"))
+
+
+def test_layout_errors_are_clear():
+    with pytest.raises(ConfigError, match="cluster has 4"):
+        _trainer(_seed_args(), gpus=4)
+
+    class Odd:
+        tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size = 3, 1, 1
+        actor_num_nodes, actor_num_gpus_per_node = 1, 8
+
+    with pytest.raises(ConfigError, match="not a multiple"):
+        Layout.from_args(Odd(), 8)
