@@ -264,6 +264,9 @@ class DataSource:
                                  f"{self.n_samples_per_prompt} (--n-samples-per-prompt)")
             for sample in group:
                 sample.reset_for_retry()
+                sample.weight_versions.clear()  # the response they described is gone
+                for key in _RESPONSE_METADATA:
+                    sample.metadata.pop(key, None)
             self.buffer.append(list(group))
             self.returned_total += 1
 
@@ -284,6 +287,10 @@ class DataSource:
         self.returned_total = int(state.get("returned_total", 0))
         self.buffer = deque([[_sample_from_dict(d) for d in g] for g in state.get("buffer", [])])
         self._order = None
+
+
+#: Metadata that describes a response (set by the rollout), dropped when a sample is reset.
+_RESPONSE_METADATA = ("engine", "error", "cached_tokens")
 
 
 def _sample_to_dict(s: Sample) -> dict[str, Any]:

@@ -179,8 +179,12 @@ class Rollout:
                 # asyncio.wait returns a set: order by group index so every run collects alike.
                 for task in sorted(done, key=lambda t: state.pendings[t][0].group_index or 0):
                     group = state.pendings.pop(task)
-                    task.result()  # re-raise what the group task raised (reward errors, misuse)
-                    self._check_group(group, n)
+                    try:
+                        task.result()  # re-raise what the group task raised (reward errors, misuse)
+                        self._check_group(group, n)
+                    except BaseException:
+                        leftovers.append(group)  # returned to the data source with the others
+                        raise
                     stats.generated_samples += n
                     verdict = call_dynamic_filter(dynamic_filter, args, group)
                     if not verdict.keep:
@@ -198,9 +202,11 @@ class Rollout:
             returned = await self._abort(state, leftovers)
             if returned:
                 data_source.add_samples(returned)
-                if isinstance(exc, Exception):
-                    exc.add_note(f"vime: {len(returned)} unfinished groups of rollout {rollout_id} were returned "
-                                 f"to the data source")
+                note = f"{len(returned)} unfinished groups of rollout {rollout_id} were returned to the data source"
+                if isinstance(exc, RolloutError) and exc.args:
+                    exc.args = (f"{exc.args[0]}; {note}", *exc.args[1:])
+                elif isinstance(exc, Exception):
+                    exc.add_note(f"vime: {note}")
             raise
         finally:
             bar.close()
