@@ -10,7 +10,8 @@ from vime.errors import ConfigError
 from vime.sim.hardware import DEFAULT_HARDWARE, HardwareSpec, list_hardware, load_hardware
 
 PRESETS = ["A100-80G", "B200", "H100-SXM-80G", "H200-141G", "L20"]
-VALUE_KEYS = ["memory_bytes", "bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s", "host_link_h2d_bytes_per_s",
+VALUE_KEYS = ["memory_bytes", "bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s", "internode_bytes_per_s",
+              "host_link_h2d_bytes_per_s",
               "host_link_d2h_bytes_per_s", "cuda_context_bytes"]
 
 
@@ -49,6 +50,9 @@ def test_effective_rates_are_peak_times_efficiency():
     assert hw.allreduce_seconds(1e9, 2) == pytest.approx(1e9 / hw.allreduce_bytes_per_s)
     assert hw.allreduce_seconds(1e9, 1) == 0.0
     assert hw.allgather_seconds(1e9, 4) == pytest.approx(0.75e9 / hw.allreduce_bytes_per_s)
+    # a group spanning nodes runs at the network's rate
+    assert hw.allgather_seconds(1e9, 16, inter_node=True) == pytest.approx(
+        15 / 16 * 1e9 / (hw.internode_bytes_per_s * hw.efficiency.allreduce_bw_util))
 
 
 def test_unknown_name_lists_the_presets():

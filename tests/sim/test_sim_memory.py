@@ -148,6 +148,7 @@ def test_oom_on_colocated_wake_names_time_gpu_tag_and_phase():
     assert cl.gpus[0].used("actor") == 0 and cl.gpus[1].used("actor") == 0
     assert actor.lifecycle.state("params") is TagState.OFFLOADED
     assert cl.recorder.oom is err
+    assert cl.recorder.to_dict()["oom"]["tag"] == "params"
     assert ("OOM" in [name for _, _, name, _ in cl.recorder.instants])
 
 
@@ -336,12 +337,16 @@ def test_recorder_keeps_phases_spans_samples_and_peaks_with_their_phase():
         rec.on_phase("eval", False, 1.0, 0)
 
 
-def test_recorder_output_is_deterministic():
-    def dump(rec: SimRecorder) -> str:
-        return json.dumps({"spans": [[s.track, s.name, s.t0, s.t1, s.args] for s in rec.spans],
-                           "samples": [list(vars(s).values()) for s in rec.samples],
-                           "peaks": {str(k): [v.bytes, v.t, v.phase] for k, v in rec.gpu_peaks.items()}})
-    assert dump(_scenario()) == dump(_scenario())
+def test_recorder_output_is_deterministic_and_json_able():
+    first = json.dumps(_scenario().to_dict(), sort_keys=False)
+    assert first == json.dumps(_scenario().to_dict(), sort_keys=False)
+    data = json.loads(first)
+    assert [p["name"] for p in data["phases"]] == ["rollout", "offload", "train"]
+    assert data["gpu_peaks"]["0"]["phase"] == "train" and data["oom"] is None
+    rows = _scenario().peak_table()
+    assert rows == sorted(rows, key=lambda r: (r["gpu"], r["owner"], r["tag"]))
+    assert {"gpu": -1, "owner": "engine0", "tag": "pinned:cuda_graph"}.items() <= next(
+        r for r in rows if r["gpu"] == -1 and r["tag"] == "pinned:cuda_graph").items()
 
 
 def test_cluster_uses_the_hardware_capacity():

@@ -193,9 +193,52 @@ def test_colocated_engine_kv_makes_the_trainer_wake_oom():
     assert all(g.used("actor") == H100.cuda_context_bytes for g in cl.gpus)
 
 
+def test_memory_plan_matches_the_simulated_peak():
+    args = _seed_args(offload_train=False)
+    tr, cl = _trainer(args)
+    _run(cl, tr.init())
+    batch = _batch(args, lengths=[700] * 256)  # every micro-batch: 8 × 700 tokens
+    _run(cl, tr.train(0, batch))
+    plan = tr.memory_plan(8 * 700)
+    assert cl.gpus[0].peak() == plan["total"]
+    assert cl.gpus[0].peak("actor", "activations") == plan["activations"]
+
+
 # --------------------------------------------------------------------------------------------
 # Time
 # --------------------------------------------------------------------------------------------
+
+
+def test_pipeline_parallel_adds_the_1f1b_bubble():
+    """PP 2, 4 equal micro-batches: (4 + 2 − 1) stage slots of 3 × forward / PP each."""
+    args = _args("--no-colocate", "--no-offload-train", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
+                 "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
+                 "--rollout-batch-size", "4", "--n-samples-per-prompt", "1", "--micro-batch-size", "1")
+    tr, cl = _trainer(args, SMALL, gpus=2, reuse_log_probs=True)
+    _run(cl, tr.init())
+    t0 = cl.env.now
+    _run(cl, tr.train(0, _batch(args, lengths=[512] * 4)))
+    train_span = next(s for s in cl.recorder.spans if s.name == "train_step0")
+    stage = 3 * SMALL.sequence_flops(512) / (2 * H100.train_flops)
+    assert train_span.t1 - train_span.t0 == pytest.approx((4 + 2 - 1) * stage, rel=1e-12)
+    assert train_span.t0 == t0
+
+
+def test_data_parallel_groups_across_nodes_use_the_network():
+    def optimizer_time(nodes: int) -> float:
+        args = _seed_args(actor_num_nodes=nodes, actor_num_gpus_per_node=8 // nodes, rollout_num_gpus=8)
+        tr, cl = _trainer(args)
+        _run(cl, tr.init())
+        _run(cl, tr.wake_up())
+        _run(cl, tr.train(0, _batch(args)))
+        span = next(s for s in cl.recorder.spans if s.name == "optimizer_step")
+        return span.t1 - span.t0
+
+    one, two = optimizer_time(1), optimizer_time(2)
+    p = QWEN3_4B.params_per_rank(2)
+    net = H100.internode_bytes_per_s * H100.efficiency.allreduce_bw_util
+    nvl = H100.nvlink_bytes_per_s * H100.efficiency.allreduce_bw_util
+    assert two - one == pytest.approx(0.75 * 6 * p * (1 / net - 1 / nvl), rel=1e-9)
 
 
 def test_train_time_by_hand_for_one_sequence():

@@ -10,7 +10,8 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
       "memory_bytes": 150754820096,               # device memory the CUDA driver reports (bytes)
       "bf16_flops": 989.4e12,                     # dense bf16 tensor-core peak (FLOP/s)
       "hbm_bytes_per_s": 4.8e12,                  # device memory bandwidth peak (B/s)
-      "nvlink_bytes_per_s": 450e9,                # GPU-GPU peak, one direction (B/s)
+      "nvlink_bytes_per_s": 450e9,                # GPU-GPU peak inside a node, one direction (B/s)
+      "internode_bytes_per_s": 50e9,              # per-GPU network peak between nodes (optional, 50e9)
       "host_link_h2d_bytes_per_s": 64e9,          # host -> device peak (B/s)
       "host_link_d2h_bytes_per_s": 64e9,          # device -> host peak (B/s)
       "cuda_context_bytes": 536870912,            # per process, never released (bytes)
@@ -19,7 +20,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "prefill_mfu": 0.55,                      # engine prefill FLOPs / (bf16_flops * time)
         "decode_bw_util": 0.75,                   # engine decode bytes read / (hbm_bytes_per_s * time)
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
-        "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / nvlink_bytes_per_s
+        "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / link peak (NVLink or network)
         "host_copy_util": 0.80                    # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
       },
       "vmm": {                                    # CUDA virtual-memory costs behind sleep / wake_up
@@ -87,6 +88,7 @@ class HardwareSpec:
     host_link_h2d_bytes_per_s: float
     host_link_d2h_bytes_per_s: float
     cuda_context_bytes: int
+    internode_bytes_per_s: float = 50e9
     efficiency: Efficiency = field(default_factory=Efficiency)
     vmm: VmmCosts = field(default_factory=VmmCosts)
     description: str = ""
@@ -114,6 +116,11 @@ class HardwareSpec:
         """NCCL bus bandwidth between the GPUs of one node."""
         return self.nvlink_bytes_per_s * self.efficiency.allreduce_bw_util
 
+    def bus_bytes_per_s(self, inter_node: bool = False) -> float:
+        """NCCL bus bandwidth of a group inside one node (NVLink) or spanning nodes (the slower network)."""
+        link = min(self.nvlink_bytes_per_s, self.internode_bytes_per_s) if inter_node else self.nvlink_bytes_per_s
+        return link * self.efficiency.allreduce_bw_util
+
     @property
     def h2d_bytes_per_s(self) -> float:
         """Pinned host → device copy rate."""
@@ -129,17 +136,17 @@ class HardwareSpec:
         return dict(self.sources).get(key, "")
 
     # --- collectives ----------------------------------------------------------------------------
-    def allreduce_seconds(self, nbytes: float, group: int) -> float:
+    def allreduce_seconds(self, nbytes: float, group: int, *, inter_node: bool = False) -> float:
         """Ring all-reduce of `nbytes` (per rank) over `group` GPUs: 2·(g−1)/g·bytes at bus bandwidth."""
         if group <= 1 or nbytes <= 0:
             return 0.0
-        return 2.0 * (group - 1) / group * nbytes / self.allreduce_bytes_per_s
+        return 2.0 * (group - 1) / group * nbytes / self.bus_bytes_per_s(inter_node)
 
-    def allgather_seconds(self, nbytes: float, group: int) -> float:
+    def allgather_seconds(self, nbytes: float, group: int, *, inter_node: bool = False) -> float:
         """Ring all-gather (or reduce-scatter) producing/consuming `nbytes` per rank in total: (g−1)/g·bytes."""
         if group <= 1 or nbytes <= 0:
             return 0.0
-        return (group - 1) / group * nbytes / self.allreduce_bytes_per_s
+        return (group - 1) / group * nbytes / self.bus_bytes_per_s(inter_node)
 
     # --- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -151,6 +158,7 @@ class HardwareSpec:
             "bf16_flops": self.bf16_flops,
             "hbm_bytes_per_s": self.hbm_bytes_per_s,
             "nvlink_bytes_per_s": self.nvlink_bytes_per_s,
+            "internode_bytes_per_s": self.internode_bytes_per_s,
             "host_link_h2d_bytes_per_s": self.host_link_h2d_bytes_per_s,
             "host_link_d2h_bytes_per_s": self.host_link_d2h_bytes_per_s,
             "cuda_context_bytes": self.cuda_context_bytes,
@@ -170,7 +178,7 @@ class HardwareSpec:
         if missing:
             raise ConfigError(f"hardware profile {origin}: missing field(s) {missing}; "
                               f"see vime/sim/hardware.py for the schema")
-        known = set(required) | {"description", "efficiency", "vmm", "sources"}
+        known = set(required) | {"description", "internode_bytes_per_s", "efficiency", "vmm", "sources"}
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"hardware profile {origin}: unknown field(s) {extra}; known: {sorted(known)}")
@@ -215,6 +223,7 @@ class HardwareSpec:
             host_link_h2d_bytes_per_s=number("host_link_h2d_bytes_per_s", data["host_link_h2d_bytes_per_s"]),
             host_link_d2h_bytes_per_s=number("host_link_d2h_bytes_per_s", data["host_link_d2h_bytes_per_s"]),
             cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
+            internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
             efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             sources=tuple(sorted(sources.items())),

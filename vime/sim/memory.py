@@ -155,6 +155,29 @@ class SimRecorder:
             breakdown = tuple((o, g, b) for (o, g), b in sorted(pool.usage().items()))
             self.gpu_peaks[pool.index] = Peak(total, t, self.phase, self.rollout_id, breakdown)
 
+    # --- views for reports ---------------------------------------------------------------------
+    def peak_table(self) -> list[dict[str, Any]]:
+        """One row per (gpu, owner, tag) high-water mark, sorted (host rows have gpu = -1)."""
+        return [{"gpu": g, "owner": o, "tag": t, "bytes": p.bytes, "t": p.t, "phase": p.phase,
+                 "rollout_id": p.rollout_id}
+                for (g, o, t), p in sorted(self.tag_peaks.items())]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything recorded, JSON-able and in a deterministic order (what `vime simulate` serialises)."""
+        return {
+            "phases": [{"name": n, "rollout_id": r, "t0": t0, "t1": t1} for n, r, t0, t1 in self.phase_spans],
+            "spans": [{"track": s.track, "name": s.name, "t0": s.t0, "t1": s.t1, "args": s.args} for s in self.spans],
+            "instants": [{"t": t, "track": tr, "name": n, "args": a} for t, tr, n, a in self.instants],
+            "memory_samples": [[s.t, s.gpu, s.owner, s.tag, s.bytes, s.total] for s in self.samples],
+            "gpu_peaks": {str(g): {"bytes": p.bytes, "t": p.t, "phase": p.phase, "rollout_id": p.rollout_id,
+                                   "breakdown": [list(b) for b in p.breakdown]}
+                          for g, p in sorted(self.gpu_peaks.items())},
+            "tag_peaks": self.peak_table(),
+            "oom": None if self.oom is None else {
+                "gpu": self.oom.gpu, "owner": self.oom.owner, "tag": self.oom.tag, "requested": self.oom.requested,
+                "free": self.oom.free, "phase": self.oom.phase, "time": self.oom.time, "message": str(self.oom)},
+        }
+
     def on_oom(self, error: OutOfMemoryError) -> None:
         if self.oom is None:
             self.oom = error

@@ -66,6 +66,16 @@ class Layout:
     cp: int
     dp: int
     gpus: tuple[int, ...]  # cluster GPU index of global rank r
+    gpus_per_node: int = 8
+
+    @property
+    def dp_crosses_nodes(self) -> bool:
+        """Whether a DP×CP group (stride TP) spans more than one node: its collectives use the network."""
+        return self.tp * self.cp * self.dp > self.gpus_per_node
+
+    @property
+    def tp_crosses_nodes(self) -> bool:
+        return self.tp > self.gpus_per_node
 
     @property
     def world(self) -> int:
@@ -93,7 +103,7 @@ class Layout:
                               f"multiple of TP×PP×CP = {tp}×{pp}×{cp}; change the parallel sizes")
         if world > num_gpus:
             raise ConfigError(f"the trainer needs {world} GPUs but the simulated cluster has {num_gpus}")
-        return cls(tp, pp, cp, world // (tp * pp * cp), tuple(range(world)))
+        return cls(tp, pp, cp, world // (tp * pp * cp), tuple(range(world)), int(args.actor_num_gpus_per_node))
 
 
 def _recompute_mode(args: Any) -> Recompute:
@@ -154,6 +164,16 @@ class SimTrainer:
             "optimizer": [math.ceil(p / shard) * OPTIMIZER_BYTES for p in params],
         }
 
+    def memory_plan(self, microbatch_tokens: int) -> dict[str, int]:
+        """Peak bytes per tag on the busiest actor GPU while training a micro-batch of `microbatch_tokens`
+        tokens (context, params, grads, optimizer, activations with the in-flight PP micro-batches)."""
+        state = self.state_bytes_per_gpu()
+        plan = {TAG_CONTEXT: self.hw.cuda_context_bytes}
+        plan.update({tag: max(sizes) for tag, sizes in state.items()})
+        plan["activations"] = self.activation_bytes(microbatch_tokens) * self.layout.pp  # ≤ PP in flight
+        plan["total"] = sum(plan.values())
+        return plan
+
     def activation_bytes(self, tokens: int) -> int:
         """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches included)."""
         lay = self.layout
@@ -170,7 +190,8 @@ class SimTrainer:
         tokens = sum(lengths) / lay.cp
         # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
         act = tokens * self.model.hidden_size * self.model.dtype_bytes
-        comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(act, lay.tp)
+        comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
+            act, lay.tp, inter_node=lay.tp_crosses_nodes)
         return compute + comm
 
     def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
@@ -187,11 +208,12 @@ class SimTrainer:
         params = max(self.params_per_gpu())
         shard = lay.dp * lay.cp if self.distributed_optimizer else 1
         grads = params * GRAD_BYTES
+        net = lay.dp_crosses_nodes
         if self.distributed_optimizer:
-            reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp)  # reduce-scatter
-            gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp)
+            reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp, inter_node=net)  # reduce-scatter
+            gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp, inter_node=net)
         else:
-            reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp), 0.0
+            reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net), 0.0
         step = math.ceil(params / shard) * ADAM_STEP_BYTES / (self.hw.hbm_bytes_per_s * self.hw.efficiency.decode_bw_util)
         return reduce + step + gather
 
@@ -259,8 +281,10 @@ class SimTrainer:
         async def dp_rank(r: int) -> None:
             rank_batch = batch.for_rank(r)
             ranks = lay.ranks_of_dp(r)
-            inflight = min(lay.pp, max(1, len(rank_batch.micro_batches(step))))
-            for mb in rank_batch.micro_batches(step):
+            micro_batches = rank_batch.micro_batches(step)
+            inflight = min(lay.pp, max(1, len(micro_batches)))
+            busy = 0.0
+            for mb in micro_batches:
                 lengths = [rank_batch.total_lengths[i] for i in mb]
                 tokens = sum(lengths)
                 if backward:
@@ -271,7 +295,11 @@ class SimTrainer:
                 self.allocator.allocate("activations", sizes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
+                busy += fwd + bwd
                 self.allocator.release("activations", sizes)
+            if lay.pp > 1 and micro_batches:
+                # 1F1B pipeline: (m + pp − 1) stage slots for m micro-batches; the bubble is pp − 1 of them.
+                await elapse(env, (lay.pp - 1) * busy / len(micro_batches))
 
         t0 = float(env.now)
         tasks = [asyncio.ensure_future(dp_rank(r)) for r in range(lay.dp)]
