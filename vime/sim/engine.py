@@ -30,7 +30,6 @@ costs O(16 + log n) Python work, not O(tokens) and not O(running requests).
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import math
 from bisect import bisect_right
@@ -44,7 +43,6 @@ import simpy
 
 from vime.errors import ConfigError, EngineError, SimulationError
 from vime.protocols import (
-    ENGINE_TAGS,
     TAG_CUDA_GRAPH,
     TAG_KV_CACHE,
     TAG_RUNTIME,
@@ -556,17 +554,22 @@ class SimEngine:
 
     def _result(self, req: _Req, finish: str) -> GenerateResult:
         n = req.gen
-        rng = np.random.Generator(np.random.PCG64(key_seed(self.seed, "tokens", req.key)))
-        ids = rng.integers(0, self.vocab_size - 1, size=n, dtype=np.int64)
-        ids[ids >= self.eos_token_id] += 1  # never EOS by chance
-        # Sampled tokens at temperature 1: mostly confident, a long tail of surprising ones.
-        lps = -rng.exponential(0.45, size=n)
+        ids_pool, lp_pool = _token_pool(self.seed, self.vocab_size, self.eos_token_id)
+        # A window of the seeded pool chosen by the sample's key: deterministic per (seed, key),
+        # independent of scheduling, and O(n) memcpy instead of a fresh RNG per request.
+        if n <= _POOL_SIZE:
+            start = key_seed(self.seed, "tokens", req.key) % (_POOL_SIZE - n + 1)
+            ids = ids_pool[start:start + n].tolist()
+            lps = lp_pool[start:start + n].tolist()
+        else:
+            ids = np.resize(ids_pool, n).tolist()
+            lps = np.resize(lp_pool, n).tolist()
         if finish == "stop" and n:
             ids[-1] = self.eos_token_id
             lps[-1] = -0.02
         version = self.lifecycle.weight_version
         return GenerateResult(
-            token_ids=ids.tolist(), log_probs=lps.tolist(), finish_reason=finish,  # type: ignore[arg-type]
+            token_ids=ids, log_probs=lps, finish_reason=finish,  # type: ignore[arg-type]
             prompt_tokens=req.prompt, completion_tokens=n, cached_tokens=0,
             weight_version=None if version is None else str(version), engine=self.name)
 
@@ -820,7 +823,6 @@ class SimEngine:
     def _iterate(self) -> float | None:
         """Plan one explicit iteration (preempting as needed); returns its time, or None if nothing runs."""
         s = self.settings
-        bs = s.block_size
         preempted = False
         while True:
             budget = s.max_num_batched_tokens
@@ -1118,6 +1120,24 @@ class SimEngine:
         self._log("restart")
 
 
+_POOL_SIZE = 1 << 20
+_POOLS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _token_pool(seed: int, vocab: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded pool of token ids (never EOS) and plausible log-probs that responses are cut from."""
+    key = (seed, vocab, eos)
+    pool = _POOLS.get(key)
+    if pool is None:
+        rng = np.random.Generator(np.random.PCG64(key_seed(seed, "token-pool", vocab, eos)))
+        ids = rng.integers(0, vocab - 1, size=_POOL_SIZE, dtype=np.int64)
+        ids[ids >= eos] += 1
+        # Sampled tokens at temperature 1: mostly confident, a long tail of surprising ones.
+        lps = np.round(-rng.exponential(0.45, size=_POOL_SIZE), 6)
+        pool = _POOLS[key] = (ids, lps)
+    return pool
+
+
 def _feasible_iterations(n: int, cum: list[int], free: int, bs: int, limit: int) -> int:
     """Largest J ≤ limit such that the first J lockstep iterations need at most `free` new blocks.
 
@@ -1130,13 +1150,3 @@ def _feasible_iterations(n: int, cum: list[int], free: int, bs: int, limit: int)
     r = bisect_right(cum, rem) - 1
     jmax = q * bs + r if r >= 0 else q * bs - 1
     return max(0, min(limit, jmax + 1))
-
-
-def result_tokens(results: Sequence[GenerateResult]) -> int:
-    """Total completion tokens of a set of results (a report helper)."""
-    return sum(r.completion_tokens for r in results)
-
-
-async def gather_sorted(coros: Sequence[Any]) -> list[Any]:
-    """asyncio.gather that keeps the input order (a small helper for tests and benches)."""
-    return list(await asyncio.gather(*coros))

@@ -90,17 +90,18 @@ class SimRouter:
     def choose(self, request: GenerateRequest, exclude: set[int] | None = None) -> int | None:
         """Index of the engine the policy picks among the healthy ones not excluded (None if none)."""
         exclude = exclude or set()
-        cands = self._candidates(exclude)
-        if not cands:
-            return None
         p = self.policy
-        if p == "round_robin":
+        if p == "round_robin":  # the common case: no candidate list needed
             n = len(self.engines)
             for step in range(n):
                 k = (self._rr + step) % n
-                if k in cands:
+                if k not in exclude and self._healthy(self.engines[k]):
                     self._rr = k + 1
                     return k
+            return None
+        cands = self._candidates(exclude)
+        if not cands:
+            return None
         if p == "random":
             return cands[self._rng.randrange(len(cands))]
         if p == "consistent_hash":
