@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -293,10 +293,17 @@ class Orchestrator:
         self._fill(report, times, out, batch, metrics)
         return report  # 55: the caller moves on to rollout_id + 1
 
-    async def run(self) -> RunReport:
-        """Start-up, then every step in [start_rollout_id, num_rollout)."""
+    async def run(self, *, on_startup: Callable[[StartupReport], None] | None = None,
+                  on_step: Callable[[StepReport], None] | None = None) -> RunReport:
+        """Start-up, then every step in [start_rollout_id, num_rollout); callbacks see each report as it is made."""
         startup = await self.start()
-        steps = [await self.step(rid) for rid in range(startup.start_rollout_id, self.args.num_rollout)]
+        if on_startup is not None:
+            on_startup(startup)
+        steps = []
+        for rollout_id in range(startup.start_rollout_id, self.args.num_rollout):
+            steps.append(await self.step(rollout_id))
+            if on_step is not None:
+                on_step(steps[-1])
         return RunReport(startup, steps)
 
     # --- the arrows, one method each ----------------------------------------------------------------
@@ -432,7 +439,9 @@ class Orchestrator:
             setattr(report, f"t_{name}", times.get(name, 0.0))
         report.t_step = self.now() - report.t_begin
         accounted = sum(times.get(p, 0.0) for p in (*PHASES, "save", "eval"))
-        report.t_gap = report.t_step - accounted
+        gap = report.t_step - accounted
+        # float rounding of the sum is not a gap; keep the sign clean for reports
+        report.t_gap = 0.0 if abs(gap) <= 1e-9 * max(1.0, report.t_step) else gap
         samples = out.samples
         versions = sorted({v for s in samples for v in s.weight_versions[-1:]})
         report.rollout_weight_version = versions[0] if len(versions) == 1 else ",".join(versions) or None
