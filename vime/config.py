@@ -160,14 +160,15 @@ def parse_bytes(text: str) -> int:
 
 def opt(default: Any, help: str, *, type: Any = None, choices: Sequence[Any] | None = None,
         flag: str | None = None, commands: Sequence[str] = COMMANDS, negatable: bool = False,
-        nargs: str | None = None, metavar: str | None = None) -> Any:
+        nargs: str | None = None, metavar: str | None = None, action: str | None = None) -> Any:
     """A dataclass field that is also a command-line option (its flag is the field name with dashes).
 
     Booleans are ``store_true`` unless `negatable` (then ``--x/--no-x``, for flags that default
     on or that colocate turns on). `commands` limits the option to some subcommands.
     """
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices else None, "flag": flag,
-            "commands": tuple(commands), "negatable": negatable, "nargs": nargs, "metavar": metavar}
+            "commands": tuple(commands), "negatable": negatable, "nargs": nargs, "metavar": metavar,
+            "action": action}
     return field(default=default, metadata={"cli": meta})
 
 
@@ -186,6 +187,10 @@ class ClusterConfig:
                                      negatable=True)
     offload_rollout: bool | None = opt(None, "put the engines to sleep while the trainer trains",
                                        negatable=True)
+    train_offload_backend: str = opt("cumem", "how the trainer sleeps: cumem (vime's CUDA VMM allocator, "
+                                              "persistent pinned host buffers) or torch_memory_saver "
+                                              "(pinned buffers allocated on every pause)",
+                                     choices=("cumem", "torch_memory_saver"))
 
 
 @dataclass(frozen=True)
@@ -336,6 +341,25 @@ class OutputConfig:
     title: ClassVar[str] = "output"
     json: bool = opt(False, "print machine-readable JSON")
     dry_run: bool = opt(False, "print the resolved configuration and exit")
+    trace_out: str | None = opt(None, "write a Chrome/Perfetto trace of the simulation (JSON)",
+                                metavar="FILE", commands=("simulate",))
+    report: str | None = opt(None, "write a self-contained HTML report of the simulation",
+                             metavar="FILE", commands=("simulate",))
+    sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
+                                     "(repeatable: the cross product is simulated)",
+                                 metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")
+    search: str | None = opt(None, "search GPU count, TP, GPUs per engine, micro-batch size and memory "
+                                   "utilisation for the fastest step that fits (fastest) or the fewest "
+                                   "GPUs that meet --target-step-time (fewest-gpus)",
+                             choices=("fastest", "fewest-gpus"), commands=("simulate",))
+    target_step_time: float | None = opt(None, "T_step goal in seconds for --search fewest-gpus",
+                                         type=float, metavar="SECONDS", commands=("simulate",))
+    max_gpus: int = opt(64, "largest GPU count --search considers", type=int, commands=("simulate",))
+    csv: bool = opt(False, "print a sweep or search table as CSV", commands=("simulate",))
+    workers: int | None = opt(None, "parallel processes for sweeps (default: all cores)", type=int,
+                              commands=("simulate",))
+    ray_address: str | None = opt(None, "run sweep points on this Ray cluster instead of local processes",
+                                  metavar="ADDRESS", commands=("simulate",))
 
 
 @dataclass(frozen=True)
@@ -408,6 +432,8 @@ def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
                     kw["choices"] = meta["choices"]
                 if meta["nargs"]:
                     kw["nargs"] = meta["nargs"]
+                if meta["action"]:
+                    kw["action"] = meta["action"]
                 metavar = meta["metavar"] or {int: "N", float: "X"}.get(meta["type"])
                 if metavar:
                     kw["metavar"] = metavar
