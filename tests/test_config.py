@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from vime.config import (
     COMMANDS,
+    SIMULATE_DEFAULT_NUM_ROLLOUT,
     Args,
     GiB,
     LengthSpec,
@@ -55,7 +56,9 @@ def test_seed_section0_placement(seed_args: Args) -> None:
     # step 18: semaphore = 512 × 4
     assert seed_args.rollout_concurrency == 2048
     assert seed_args.advantage_estimator == "grpo" and seed_args.kl_coef == 0
-    assert seed_args.num_rollout == 100 and seed_args.flush_cache_interval == 1
+    # train keeps the seed's 100 rollouts; simulate runs a few steady-state steps unless told.
+    assert seed_args.num_rollout == (100 if seed_args.command == "train" else SIMULATE_DEFAULT_NUM_ROLLOUT)
+    assert seed_args.flush_cache_interval == 1
     assert seed_args.grpo_std_normalization is True
 
 

@@ -31,6 +31,9 @@ from vime.errors import ConfigError
 Command = Literal["train", "simulate"]
 COMMANDS: tuple[str, ...] = ("train", "simulate")
 
+#: Steps `vime simulate` runs when --num-rollout is not given.
+SIMULATE_DEFAULT_NUM_ROLLOUT = 2
+
 GiB = 1024**3
 
 #: Router policies of vllm-router (see shared/VLLM_API.md); consistent_hash routes by session id.
@@ -217,7 +220,8 @@ class TrainConfig:
                                                 "instead of per sample first")
     lr: float = opt(1e-6, "learning rate", type=float)
     seed: int = opt(1234, "random seed (trainer, data order, simulator)", type=int)
-    num_rollout: int = opt(100, "number of rollouts (RL steps) to run", type=int)
+    num_rollout: int = opt(100, "number of rollouts (RL steps) to run; `vime simulate` defaults to "
+                                "2 simulated steps", type=int)
     num_epoch: int | None = opt(None, "epochs over --prompt-data (sets the number of rollouts from the "
                                       "dataset size when given)", type=int)
     start_rollout_id: int = opt(0, "first rollout id (resume)", type=int)
@@ -589,6 +593,10 @@ def _resolve(raw: dict[str, Any], command: str) -> Args:
     given = set(raw)
     if command == "simulate":
         values["backend"] = "sim"
+        # Steps repeat in steady state, so the simulator's default is a few of them, not the
+        # seed's 100 (which `vime train` keeps); pass --num-rollout to simulate more.
+        if "num_rollout" not in given:
+            values["num_rollout"] = SIMULATE_DEFAULT_NUM_ROLLOUT
 
     v = values
     # -- plain ranges -------------------------------------------------------------------------
