@@ -92,6 +92,18 @@ def test_bad_profiles_fail_naming_the_field(tmp_path, mutate, message):
         load_hardware(str(path))
 
 
+def test_optional_fields_take_their_defaults(tmp_path):
+    data = load_hardware("H100").to_dict()
+    for key in ("internode_bytes_per_s", "description", "sources", "vmm"):
+        data.pop(key)
+    data["efficiency"] = {"train_mfu": 0.5}
+    path = tmp_path / "minimal.json"
+    path.write_text(json.dumps(data))
+    hw = load_hardware(str(path))
+    assert hw.internode_bytes_per_s == 50e9 and hw.efficiency.train_mfu == 0.5
+    assert hw.efficiency.host_copy_util == 1.0 and hw.vmm.create_map_s_per_gib > 0 and hw.source("bf16_flops") == ""
+
+
 def test_missing_file_and_bad_json(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_hardware(str(tmp_path / "nope.json"))

@@ -271,6 +271,22 @@ def test_memory_is_released_when_the_sleep_finishes_not_before():
     assert seen == [8 * GiB, 0]
 
 
+def test_sizes_as_int_list_or_sparse_mapping():
+    cl = _cluster(3)
+    alloc = SimAllocator("actor", cl.gpus, H100, known_tags={"activations"})
+    alloc.allocate("activations", {2: 5 * GiB, 0: GiB})
+    alloc.allocate("activations", [1, 2, 3])
+    assert alloc.tag_bytes("activations") == [GiB + 1, 2, 5 * GiB + 3]
+    alloc.release("activations", {2: 5 * GiB})
+    assert alloc.device_bytes_per_gpu() == [GiB + 1, 2, 3]
+    with pytest.raises(ValueError, match="outside"):
+        alloc.allocate("activations", {3: 1})
+    with pytest.raises(SimulationError, match="holds"):
+        alloc.release("activations", {1: 3})
+    alloc.release("activations")
+    assert alloc.device_bytes() == 0 and all(g.used() == 0 for g in cl.gpus)
+
+
 def test_allocating_into_a_sleeping_tag_and_unknown_tags_are_refused():
     cl = _cluster()
     alloc = _engine_allocator(cl)

@@ -20,7 +20,7 @@ Deterministic: no wall clock, no hashing of unordered sets into output; dicts ke
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -143,7 +143,7 @@ class SimRecorder:
     def on_memory(self, pool: _Pool, owner: str, tag: str) -> None:
         """Called by a pool after every change (alloc or free)."""
         t = self.now()
-        held = pool.used(owner, tag)
+        held = pool.held(owner, tag)
         total = pool.used()
         self.samples.append(MemorySample(t, pool.index, owner, tag, held, total))
         key = (pool.index, owner, tag)
@@ -278,8 +278,14 @@ class _Pool:
         """Bytes held now, filtered by owner and/or tag."""
         if owner is None and tag is None:
             return self._total
+        if owner is not None and tag is not None:
+            return self._held.get((owner, tag), 0)
         return sum(b for (o, t), b in self._held.items()
                    if (owner is None or o == owner) and (tag is None or t == tag))
+
+    def held(self, owner: str, tag: str) -> int:
+        """Bytes of exactly (owner, tag)."""
+        return self._held.get((owner, tag), 0)
 
     @property
     def free_bytes(self) -> int | None:
@@ -434,55 +440,70 @@ class SimAllocator:
     def env(self) -> simpy.Environment:
         return self._env if self._env is not None else _current_env()
 
-    def _per_gpu(self, nbytes: int | Sequence[int]) -> list[int]:
+    def _per_gpu(self, nbytes: int | Sequence[int] | Mapping[int, int]) -> dict[int, int]:
+        """Normalise a size argument to {position in self.gpus: bytes}, zeros dropped."""
         if isinstance(nbytes, int) and not isinstance(nbytes, bool):
-            values = [nbytes] * len(self.gpus)
+            items: Any = ((i, nbytes) for i in range(len(self.gpus)))
+        elif isinstance(nbytes, Mapping):
+            items = sorted(nbytes.items())
+            bad = [i for i, _ in items if not (isinstance(i, int) and 0 <= i < len(self.gpus))]
+            if bad:
+                raise ValueError(f"allocator {self.owner}: GPU positions {bad} outside 0..{len(self.gpus) - 1}")
+        elif isinstance(nbytes, bool):
+            raise ValueError(f"allocator {self.owner}: sizes must be ints, got {nbytes!r}")
         else:
-            values = list(nbytes)  # type: ignore[arg-type]
+            values = list(nbytes)
             if len(values) != len(self.gpus):
                 raise ValueError(f"allocator {self.owner}: {len(values)} sizes for {len(self.gpus)} GPUs")
-        for v in values:
+            items = enumerate(values)
+        out: dict[int, int] = {}
+        for i, v in items:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"allocator {self.owner}: sizes must be non-negative ints, got {v!r}")
-        return values
+            if v:
+                out[i] = v
+        return out
 
     def _host_tag(self, tag: str) -> str:
         return f"pinned:{tag}"
 
     # --- allocation ---------------------------------------------------------------------------
-    def allocate(self, tag: str, nbytes_per_gpu: int | Sequence[int]) -> None:
-        """Grow `tag` by `nbytes_per_gpu` on each GPU (all or nothing). The tag must be awake."""
+    def allocate(self, tag: str, nbytes_per_gpu: int | Sequence[int] | Mapping[int, int]) -> None:
+        """Grow `tag` on the owner's GPUs, all or nothing. The tag must be awake.
+
+        `nbytes_per_gpu`: one int for every GPU, a sequence with one int per GPU, or a mapping
+        {position in `gpus`: bytes} for some of them (what a single DP rank of the trainer uses).
+        """
         state = self.lifecycle.state(tag)  # raises UnknownTagError
         if state is not TagState.AWAKE:
             raise LifecycleError(self.owner, "allocate", f"tag {tag!r} is {state.value}", "wake it first")
         sizes = self._per_gpu(nbytes_per_gpu)
-        done: list[tuple[SimGPU, int]] = []
+        done: list[tuple[int, int]] = []
         try:
-            for gpu, n in zip(self.gpus, sizes, strict=True):
-                gpu.alloc(self.owner, tag, n)
-                done.append((gpu, n))
+            for i, n in sizes.items():
+                self.gpus[i].alloc(self.owner, tag, n)
+                done.append((i, n))
         except OutOfMemoryError:
-            for gpu, n in done:
-                gpu.free(self.owner, tag, n)
+            for i, n in done:
+                self.gpus[i].free(self.owner, tag, n)
             raise
         cur = self._sizes.setdefault(tag, [0] * len(self.gpus))
-        for i, n in enumerate(sizes):
+        for i, n in sizes.items():
             cur[i] += n
 
-    def release(self, tag: str, nbytes_per_gpu: int | Sequence[int] | None = None) -> None:
-        """Free bytes of an awake tag for good (all of it when None)."""
+    def release(self, tag: str, nbytes_per_gpu: int | Sequence[int] | Mapping[int, int] | None = None) -> None:
+        """Free bytes of an awake tag for good (all of it when None); same size forms as `allocate`."""
         state = self.lifecycle.state(tag)
         if state is not TagState.AWAKE:
             raise LifecycleError(self.owner, "release", f"tag {tag!r} is {state.value}", "wake it first")
         cur = self._sizes.get(tag, [0] * len(self.gpus))
-        sizes = list(cur) if nbytes_per_gpu is None else self._per_gpu(nbytes_per_gpu)
-        for i, n in enumerate(sizes):
+        sizes = self._per_gpu(list(cur) if nbytes_per_gpu is None else nbytes_per_gpu)
+        for i, n in sizes.items():
             if n > cur[i]:
                 raise SimulationError(f"allocator {self.owner}: release of {n} bytes of {tag!r} on "
                                       f"{self.gpus[i].name} but the tag holds {cur[i]}")
-        for gpu, n in zip(self.gpus, sizes, strict=True):
-            gpu.free(self.owner, tag, n)
-        for i, n in enumerate(sizes):
+        for i, n in sizes.items():
+            self.gpus[i].free(self.owner, tag, n)
             cur[i] -= n
 
     # --- queries ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ over TP; norms are replicated; when ``num_kv_heads < TP`` each rank keeps one wh
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -127,6 +128,10 @@ class ModelSpec:
     # --- compute ----------------------------------------------------------------------------
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul per token: every linear layer and the output head."""
+        return self._matmul_params
+
+    @functools.cached_property
+    def _matmul_params(self) -> int:
         return self.num_layers * (self._layer_params(1) - 2 * self.hidden_size
                                   - (2 * self.head_dim if self.qk_norm else 0)) + self.vocab_size * self.hidden_size
 

@@ -217,9 +217,6 @@ class SimTrainer:
         step = math.ceil(params / shard) * ADAM_STEP_BYTES / (self.hw.hbm_bytes_per_s * self.hw.efficiency.decode_bw_util)
         return reduce + step + gather
 
-    def _per_gpu(self, values_by_rank: dict[int, int]) -> list[int]:
-        return [values_by_rank.get(r, 0) for r in range(self.layout.world)]
-
     # --- lifecycle --------------------------------------------------------------------------------
     async def init(self) -> None:
         """Seed step 3: build the model and optimizer on the GPUs, back the weights up on the host,
@@ -280,7 +277,7 @@ class SimTrainer:
 
         async def dp_rank(r: int) -> None:
             rank_batch = batch.for_rank(r)
-            ranks = lay.ranks_of_dp(r)
+            positions = lay.ranks_of_dp(r)  # rank r sits on self.gpus[r]
             micro_batches = rank_batch.micro_batches(step)
             inflight = min(lay.pp, max(1, len(micro_batches)))
             busy = 0.0
@@ -291,7 +288,7 @@ class SimTrainer:
                     nbytes = self.activation_bytes(tokens) * inflight
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
-                sizes = self._per_gpu(dict.fromkeys(ranks, nbytes))
+                sizes = dict.fromkeys(positions, nbytes)
                 self.allocator.allocate("activations", sizes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
@@ -355,7 +352,7 @@ class SimTrainer:
         num = 0.0
         tokens = 0
         for adv, mask in zip(batch.rewards, batch.loss_masks, strict=True):
-            n = sum(mask)
+            n = len(mask) - mask.count(0)  # C-speed count; masks hold 0/1
             num += -adv * n
             tokens += n
         loss = num / tokens if tokens else 0.0
