@@ -243,9 +243,33 @@ def test_simpy_events_due_now_are_processed_on_every_loop_iteration():
         log.append("main")
         return now(), polls
 
-    assert run(main()) == (0.0, 1)
-    # The due simpy events ran in the poll that preceded the callbacks that were ready.
-    assert log == ["simpy", "asyncio", "main"]
+    # Poll 1 starts the process (it then queues its timeout(0) behind the poll's marker); the
+    # "asyncio" callback runs; poll 2 processes the timeout; main sees it on its second check.
+    assert run(main()) == (0.0, 2)
+    assert log == ["asyncio", "simpy", "main"]
+
+
+@pytest.mark.timeout(30)
+def test_simpy_process_polling_at_the_same_time_does_not_starve_asyncio():
+    state = {"flag": False, "polls": 0}
+
+    async def main():
+        env = current_env()
+
+        def poller():
+            while not state["flag"]:
+                state["polls"] += 1
+                yield env.timeout(0)
+            return env.now
+
+        proc = env.process(poller())
+        for _ in range(3):  # a few loop iterations of asyncio work before the flag is set
+            await asyncio.sleep(0)
+        state["flag"] = True
+        return await wait_event(proc)
+
+    assert run(main()) == 0.0
+    assert 1 <= state["polls"] <= 5
 
 
 # --- the bridges and exceptions crossing both ways ----------------------------------------------
@@ -473,6 +497,31 @@ def test_run_cancels_leftover_tasks_and_closes_async_generators():
     assert seen == [("background cancelled", 1.0), ("generator closed", 1.0)]
     env.run()
     assert env.now == 1.0  # the cancelled sleeps' timers left with the loop
+
+
+def test_run_cleanup_spreads_cancellation_into_waiting_simpy_processes():
+    seen = []
+
+    async def main():
+        env = current_env()
+        leftover = asyncio.create_task(asyncio.sleep(100), name="leftover")
+
+        def waits_quietly():
+            yield future_event(leftover)  # dies of the cleanup's cancellation, like a task would
+
+        def waits_and_handles():
+            try:
+                yield future_event(leftover)
+            except asyncio.CancelledError:
+                seen.append(("handled", env.now))
+
+        env.process(waits_quietly())
+        env.process(waits_and_handles())
+        await asyncio.sleep(2)
+        return "main done"
+
+    assert run(main()) == "main done"
+    assert seen == [("handled", 2.0)]
 
 
 # --- asyncio primitives in virtual time --------------------------------------------------------

@@ -166,6 +166,8 @@ class SimEventLoop(asyncio.BaseEventLoop):
         self._event_waits: dict[asyncio.Future[Any], simpy.Event] = {}
         # simpy events made by future_event -> the asyncio future they stand for (same purpose).
         self._future_events: dict[simpy.Event, asyncio.Future[Any]] = {}
+        # Set while run() cancels leftover tasks (see _advance).
+        self._cancelling_leftovers = False
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} t={self.env.now!r} running={self.is_running()} "
@@ -220,9 +222,10 @@ class SimEventLoop(asyncio.BaseEventLoop):
     def _advance(self, timeout: float | None) -> tuple[()]:
         """Called by _run_once in place of select(): the simpy side of one loop iteration.
 
-        ``timeout == 0`` (callbacks are ready): process the simpy events due at the current time
-        first, as asyncio polls I/O on every iteration -- so a task polling with asyncio.sleep(0)
-        sees simpy progress at the same virtual time. ``timeout is None`` (nothing ready): step
+        ``timeout == 0`` (callbacks are ready): first process the simpy events already due at the
+        current time, as asyncio polls I/O on every iteration -- so a task polling with
+        asyncio.sleep(0) sees simpy progress, and a process polling with timeout(0) sees asyncio
+        progress, at the same virtual time. ``timeout is None`` (nothing ready): step
         simpy, one event at a time, until an asyncio callback becomes ready, so an asyncio timer
         runs its callback before the simpy events that follow it in the queue.
         """
@@ -232,38 +235,53 @@ class SimEventLoop(asyncio.BaseEventLoop):
                 "SimEventLoop keeps every timer in simpy (this Python's asyncio changed _run_once)")
         if self._stopping:
             return ()  # the run is over; leave later events to whoever runs env next
+        last_run = self.env.now
+        while True:
+            try:
+                if timeout == 0:
+                    self._poll_due(last_run)
+                else:
+                    self._step_until_ready()
+                return ()
+            except EmptySchedule:
+                raise self._deadlock_error(last_run) from None
+            except asyncio.CancelledError as exc:
+                if self._cancelling_leftovers:
+                    # run() is cancelling leftover tasks; a simpy process waiting on one of them
+                    # (future_event) dies of the same cancellation, as the tasks do. Go on.
+                    continue
+                # Leaking CancelledError out of the loop would read as if run() itself was cancelled.
+                raise SimulationError(
+                    f"at t={self.env.now!r} a simpy process did not handle the CancelledError of an "
+                    "asyncio future it was waiting for (future_event); catch asyncio.CancelledError "
+                    "in the process") from exc
+
+    def _poll_due(self, t: float) -> None:
+        env = self.env
+        if env.peek() <= t:  # peek() is inf when the queue is empty
+            # Only the events queued before this poll: a marker goes behind them, so a simpy
+            # process polling with timeout(0) cannot starve the ready callbacks.
+            marker = env.timeout(0)
+            while not marker.processed:
+                env.step()
+
+    def _step_until_ready(self) -> None:
         ready = self._ready
         env = self.env
         until = self._until
-        last_run = env.now
-        try:
-            if timeout == 0:
-                while env.peek() <= last_run:  # peek() is inf when the queue is empty
-                    env.step()
-            elif until is None:
-                while not ready and not self._stopping:
-                    env.step()
-            else:
-                while not ready and not self._stopping:
-                    t = env.peek()
-                    if t > until:
-                        if t == math.inf:
-                            raise EmptySchedule
-                        raise self._pending_error(
-                            f"time limit until={until!r} reached at t={env.now!r} (next event at "
-                            f"t={t!r}) before the simulation finished")
-                    env.step()
-        except EmptySchedule:
-            raise self._deadlock_error(last_run) from None
-        except asyncio.CancelledError as exc:
-            # A simpy process died of an asyncio cancellation (future_event of a cancelled task)
-            # that it did not handle; leaking CancelledError out of the loop would read as if
-            # run() itself had been cancelled.
-            raise SimulationError(
-                f"at t={env.now!r} a simpy process did not handle the CancelledError of an asyncio "
-                "future it was waiting for (future_event); catch asyncio.CancelledError in the process"
-            ) from exc
-        return ()
+        if until is None:
+            while not ready and not self._stopping:
+                env.step()
+            return
+        while not ready and not self._stopping:
+            t = env.peek()
+            if t > until:
+                if t == math.inf:
+                    raise EmptySchedule
+                raise self._pending_error(
+                    f"time limit until={until!r} reached at t={env.now!r} (next event at t={t!r}) "
+                    "before the simulation finished")
+            env.step()
 
     def _process_events(self, event_list: Any) -> None:
         pass  # there is no I/O to dispatch
@@ -614,16 +632,25 @@ def run(coro: Coroutine[Any, Any, T], *, env: simpy.Environment | None = None,
 
 def _finish(loop: SimEventLoop) -> None:
     """Cancel leftover tasks in creation order and shut down async generators (asyncio.run's epilogue)."""
-    leftovers = loop._pending_tasks()
-    if leftovers:
-        for task in leftovers:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
-        for task in leftovers:
-            if not task.cancelled() and task.exception() is not None:
-                loop.call_exception_handler({
-                    "message": "unhandled exception during vime.sim.clock.run() shutdown",
-                    "exception": task.exception(),
-                    "task": task,
-                })
-    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop._cancelling_leftovers = True
+    try:
+        leftovers = loop._pending_tasks()
+        if leftovers:
+            for task in leftovers:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
+            for task in leftovers:
+                if not task.cancelled() and task.exception() is not None:
+                    loop.call_exception_handler({
+                        "message": "unhandled exception during vime.sim.clock.run() shutdown",
+                        "exception": task.exception(),
+                        "task": task,
+                    })
+        shutdown = loop.shutdown_asyncgens()
+        try:
+            loop.run_until_complete(shutdown)
+        except BaseException:
+            shutdown.close()  # the loop failed under it; leave no never-finished coroutine behind
+            raise
+    finally:
+        loop._cancelling_leftovers = False
