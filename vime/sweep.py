@@ -1,0 +1,373 @@
+"""Sweeps and searches for `vime simulate`: many configurations simulated in parallel, ranked by T_step.
+
+`--sweep FLAG=V1,V2` (repeatable) simulates the cross product; `--search fastest|fewest-gpus`
+explores GPU count, TP, GPUs per engine, micro-batch size and memory utilisation and prints the
+winning `vime train` command line. Points run in local processes (all cores by default) or as
+Ray tasks on a cluster given by `--ray-address`. Results are ordered by a stable key, so the same
+inputs print the same table whatever finished first.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vime.config import Args, build_parser, parse_args
+from vime.errors import ConfigError
+
+GiB = 1024**3
+
+#: Options that describe how to report, never what to simulate: not sweepable.
+_NOT_SWEEPABLE = {"json", "dry_run", "trace_out", "report", "sweep", "search", "target_step_time", "max_gpus",
+                  "csv", "workers", "ray_address", "backend"}
+
+
+@dataclass
+class PointResult:
+    """One simulated configuration of a sweep or search."""
+
+    changes: dict[str, Any]
+    valid: bool = True
+    error: str = ""
+    fits: bool = False
+    t_step: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    oom: str = ""
+    peak_gib: float = 0.0
+    gpus: int = 0
+    argv: list[str] = field(default_factory=list)
+
+    def rank_key(self) -> tuple[Any, ...]:
+        """Fitting points first by T_step, then OOM points, then invalid ones; ties by the changes."""
+        group = 0 if self.valid and self.fits else (1 if self.valid else 2)
+        return (group, self.t_step if group == 0 else 0.0, json.dumps(self.changes, sort_keys=True, default=str))
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing --sweep
+# --------------------------------------------------------------------------------------------
+
+
+def _dest_of(flag: str) -> str:
+    name = flag.strip().lstrip("-").replace("-", "_")
+    known = {a.dest for a in _simulate_actions()}
+    if name in _NOT_SWEEPABLE or name not in known:
+        hint = "" if name in _NOT_SWEEPABLE else " (see `vime simulate --help` for the flags)"
+        raise ConfigError(f"--sweep {flag}: not a simulation option that can be swept{hint}")
+    return name
+
+
+def _simulate_actions() -> list[Any]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return list(sub.choices["simulate"]._actions)  # type: ignore[attr-defined]
+
+
+def argv_for(dest: str, value: Any) -> list[str]:
+    """The command-line words that set option `dest` to `value`."""
+    flag = "--" + dest.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag] if value else ["--no-" + dest.replace("_", "-")]
+    return [flag, str(value)]
+
+
+def _convert(dest: str, text: str) -> Any:
+    """A sweep value typed as the parser types it (via parse_args on that one flag)."""
+    text = text.strip()
+    low = text.lower()
+    action = next(a for a in _simulate_actions() if a.dest == dest)
+    if action.nargs == 0 or action.type is None and action.const is not None:  # boolean flags
+        if low in ("1", "true", "on", "yes"):
+            return True
+        if low in ("0", "false", "off", "no"):
+            return False
+        raise ConfigError(f"--sweep {dest.replace('_', '-')}={text}: a boolean flag takes true/false")
+    ns = build_parser().parse_args(["simulate", "--" + dest.replace("_", "-"), text])
+    return getattr(ns, dest)
+
+
+def parse_sweep(specs: Sequence[str]) -> list[dict[str, Any]]:
+    """``["micro-batch-size=4,8", "tensor-model-parallel-size=1,2"]`` → the cross product of changes."""
+    axes: list[tuple[str, list[Any]]] = []
+    for spec in specs:
+        if "=" not in spec:
+            raise ConfigError(f"--sweep {spec!r}: expected FLAG=V1,V2,... (e.g. micro-batch-size=4,8)")
+        flag, values = spec.split("=", 1)
+        dest = _dest_of(flag)
+        items = [v for v in values.split(",") if v.strip()]
+        if not items:
+            raise ConfigError(f"--sweep {spec!r}: no values after '='")
+        if any(d == dest for d, _ in axes):
+            raise ConfigError(f"--sweep names {flag} twice; give all its values in one --sweep")
+        axes.append((dest, [_convert(dest, v) for v in items]))
+    return [dict(zip([d for d, _ in axes], combo, strict=True))
+            for combo in itertools.product(*[vals for _, vals in axes])]
+
+
+# --------------------------------------------------------------------------------------------
+# Running points
+# --------------------------------------------------------------------------------------------
+
+
+def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
+    """Simulate `base` with `changes`; invalid configurations and OOMs are results, not exceptions."""
+    from vime.cli_simulate import simulate
+
+    res = PointResult(dict(changes))
+    try:
+        args = base.replace(**changes)
+    except ConfigError as exc:
+        res.valid, res.error = False, str(exc)
+        return res
+    res.gpus = int(args.actor_num_gpus) if args.colocate else int(args.actor_num_gpus) + int(args.rollout_num_gpus)
+    res.argv = command_line(args)
+    sim = simulate(args)
+    res.fits = sim.fits
+    if sim.steps:
+        n = len(sim.steps)
+        res.t_step = round(sum(s.t_step for s in sim.steps) / n, 6)
+        res.phases = {p: round(sum(s.phases()[p] for s in sim.steps) / n, 6) for p in sim.steps[0].phases()}
+    peaks = sim.backends.recorder.gpu_peaks
+    res.peak_gib = round(max((p.bytes for g, p in peaks.items() if g >= 0), default=0) / GiB, 3)
+    if sim.oom is not None:
+        o = sim.oom
+        res.oom = (f"OOM during {o.phase or '?'} on GPU {o.gpu}: {o.owner}/{o.tag} short by "
+                   f"{(o.requested - o.free) / GiB:.2f} GiB")
+    return res
+
+
+def _run_ray(base: Args, points: list[dict[str, Any]], address: str,
+             on_done: Callable[[], None]) -> list[PointResult]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("--ray-address needs Ray: pip install 'vime[train]' (or ray)") from exc
+    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(simulate_point)
+    refs = [task.remote(base, p) for p in points]
+    out = []
+    for ref in refs:
+        out.append(ray.get(ref))
+        on_done()
+    return out
+
+
+def run_points(base: Args, points: Sequence[dict[str, Any]], *, workers: int | None = None,
+               ray_address: str | None = None, progress: bool = False) -> list[PointResult]:
+    """Simulate every point in parallel; the result list is ranked (fits by T_step, then OOM, then invalid)."""
+    from tqdm import tqdm
+
+    points = list(points)
+    bar = tqdm(total=len(points), unit="config", disable=not progress, file=sys.stderr, desc="simulating")
+    try:
+        if ray_address:
+            results = _run_ray(base, points, ray_address, lambda: bar.update(1))
+        else:
+            n = max(1, min(workers or os.cpu_count() or 1, len(points)))
+            if n == 1:
+                results = []
+                for p in points:
+                    results.append(simulate_point(base, p))
+                    bar.update(1)
+            else:
+                import multiprocessing as mp
+
+                with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+                    futures = [pool.submit(simulate_point, base, p) for p in points]
+                    for _ in as_completed(futures):
+                        bar.update(1)
+                    results = [f.result() for f in futures]
+    finally:
+        bar.close()
+    return sorted(results, key=PointResult.rank_key)
+
+
+# --------------------------------------------------------------------------------------------
+# Search
+# --------------------------------------------------------------------------------------------
+
+
+def _divisors(n: int, options: Iterable[int]) -> list[int]:
+    return [x for x in options if x <= n and n % x == 0]
+
+
+def search_space(base: Args, max_gpus: int) -> list[list[dict[str, Any]]]:
+    """Candidate configurations grouped by (GPUs, TP, GPUs per engine); each group is ordered so
+    that the first fitting point is the group's fastest (bigger micro-batches and more KV cache
+    are never slower in the model)."""
+    groups = []
+    gpu_counts = [g for g in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128) if g <= max_gpus]
+    gbs = int(base.global_batch_size)
+    for gpus in gpu_counts:
+        nodes, per_node = (1, gpus) if gpus <= 8 else (gpus // 8, 8)
+        if gpus > 8 and gpus % 8:
+            continue
+        for tp in _divisors(min(gpus, 8), (1, 2, 4, 8)):
+            dp = gpus // tp
+            if gpus % tp:
+                continue
+            for eg in _divisors(min(gpus, 8), (1, 2, 4, 8)):
+                group = []
+                for mbs in (16, 8, 4, 2, 1):
+                    if gbs % (mbs * dp):
+                        continue
+                    for util in (0.9, 0.8, 0.7, 0.6):
+                        group.append({"actor_num_nodes": nodes, "actor_num_gpus_per_node": per_node,
+                                      "tensor_model_parallel_size": tp, "rollout_num_gpus_per_engine": eg,
+                                      "micro_batch_size": mbs, "gpu_memory_utilization": util})
+                if group:
+                    groups.append(group)
+    return groups
+
+
+def _first_fit(base: Args, group: list[dict[str, Any]], max_tries: int) -> PointResult | None:
+    for changes in group[:max_tries]:
+        r = simulate_point(base, changes)
+        if r.valid and r.fits:
+            return r
+    return None
+
+
+def search(base: Args, *, goal: str = "fastest", max_gpus: int = 64, target_step_time: float | None = None,
+           workers: int | None = None, progress: bool = False, max_tries: int = 6) -> tuple[PointResult | None,
+                                                                                           list[PointResult]]:
+    """Find the fastest fitting configuration, or the fewest GPUs meeting `target_step_time`.
+
+    Each (GPUs, TP, GPUs-per-engine) group is searched for its first fitting point in parallel;
+    returns (winner or None, every group's best, ranked).
+    """
+    if goal == "fewest-gpus" and target_step_time is None:
+        raise ConfigError("--search fewest-gpus needs --target-step-time SECONDS")
+    groups = search_space(base, max_gpus)
+    if not groups:
+        raise ConfigError(f"--search: no GPU count up to --max-gpus {max_gpus} divides the batch; raise --max-gpus")
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(groups), unit="group", disable=not progress, file=sys.stderr, desc="searching")
+    n = max(1, min(workers or os.cpu_count() or 1, len(groups)))
+    found: list[PointResult] = []
+    if n == 1:
+        for g in groups:
+            r = _first_fit(base, g, max_tries)
+            if r is not None:
+                found.append(r)
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            futures = [pool.submit(_first_fit, base, g, max_tries) for g in groups]
+            for _ in as_completed(futures):
+                bar.update(1)
+            found = [r for f in futures if (r := f.result()) is not None]
+    bar.close()
+    ranked = sorted(found, key=PointResult.rank_key)
+    if goal == "fastest":
+        return (ranked[0] if ranked else None), ranked
+    meeting = [r for r in ranked if target_step_time is not None and r.t_step <= target_step_time]
+    best = min(meeting, key=lambda r: (r.gpus, r.t_step)) if meeting else None
+    return best, ranked
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+
+def command_line(args: Args) -> list[str]:
+    """`vime train` words that reproduce `args` (options given explicitly, in a stable order)."""
+    raw = args._raw_options()
+    words = ["vime", "train"]
+    for dest in sorted(raw):
+        if dest in _NOT_SWEEPABLE or dest == "num_rollout":
+            continue
+        value = raw[dest]
+        if value is None or value == () or value == []:
+            continue
+        words += argv_for(dest, value)
+    return words
+
+
+def _rows(results: Sequence[PointResult]) -> list[dict[str, Any]]:
+    rows = []
+    for rank, r in enumerate(results, 1):
+        status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
+        row: dict[str, Any] = {"rank": rank, **{k: r.changes[k] for k in sorted(r.changes)}, "status": status,
+                               "t_step_s": r.t_step if r.valid and r.fits else "", "peak_gib": r.peak_gib,
+                               "gpus": r.gpus, "reason": r.oom or r.error}
+        rows.append(row)
+    return rows
+
+
+def format_table(results: Sequence[PointResult]) -> str:
+    rows = _rows(results)
+    if not rows:
+        return "(no configurations)"
+    cols = list(rows[0].keys())
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols if c != "reason"}
+    head = "  ".join(f"{c:<{widths[c]}}" for c in widths) + "  reason"
+    lines = [head]
+    for r in rows:
+        lines.append("  ".join(f"{r.get(c, '')!s:<{widths[c]}}" for c in widths) + "  " + str(r.get("reason", "")))
+    return "\n".join(lines)
+
+
+def format_csv(results: Sequence[PointResult]) -> str:
+    rows = _rows(results)
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def run_sweep_command(args: Args) -> int:
+    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv)."""
+    quiet = bool(args.json or args.csv) or not sys.stderr.isatty()
+    if args.search:
+        best, ranked = search(args, goal=args.search, max_gpus=int(args.max_gpus),
+                              target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
+        if args.json:
+            print(json.dumps({"schema": "vime.search/1", "goal": args.search, "best": asdict(best) if best else None,
+                              "candidates": [asdict(r) for r in ranked]}, indent=1))
+        elif args.csv:
+            print(format_csv(ranked), end="")
+        else:
+            print(format_table(ranked))
+            print()
+            if best is None:
+                print("No configuration meets the goal within --max-gpus; raise --max-gpus or relax the target.")
+            else:
+                print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs")
+                print(" ".join(best.argv))
+        return 0 if best is not None else 3
+    points = parse_sweep(args.sweep)
+    results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet)
+    if args.json:
+        print(json.dumps({"schema": "vime.sweep/1", "results": [asdict(r) for r in results]}, indent=1))
+    elif args.csv:
+        print(format_csv(results), end="")
+    else:
+        print(format_table(results))
+    return 0
+
+
+def main_argv(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m vime.sweep
+    return run_sweep_command(parse_args(list(argv), command="simulate"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main_argv(sys.argv[1:]))
