@@ -556,14 +556,14 @@ class SimEngine:
         n = req.gen
         ids_pool, lp_pool = _token_pool(self.seed, self.vocab_size, self.eos_token_id)
         # A window of the seeded pool chosen by the sample's key: deterministic per (seed, key),
-        # independent of scheduling, and O(n) memcpy instead of a fresh RNG per request.
-        if n <= _POOL_SIZE:
-            start = key_seed(self.seed, "tokens", req.key) % (_POOL_SIZE - n + 1)
-            ids = ids_pool[start:start + n].tolist()
-            lps = lp_pool[start:start + n].tolist()
-        else:
-            ids = np.resize(ids_pool, n).tolist()
-            lps = np.resize(lp_pool, n).tolist()
+        # independent of scheduling, and a list slice (pointer copies of shared immutable ints and
+        # floats) instead of a fresh RNG and new objects per token.
+        start = key_seed(self.seed, "tokens", req.key) % (_POOL_SIZE - n + 1) if n <= _POOL_SIZE else 0
+        ids = ids_pool[start:start + n]
+        lps = lp_pool[start:start + n]
+        while len(ids) < n:  # longer than the pool: wrap around
+            ids += ids_pool[:n - len(ids)]
+            lps += lp_pool[:n - len(lps)]
         if finish == "stop" and n:
             ids[-1] = self.eos_token_id
             lps[-1] = -0.02
@@ -1121,10 +1121,10 @@ class SimEngine:
 
 
 _POOL_SIZE = 1 << 20
-_POOLS: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+_POOLS: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
 
 
-def _token_pool(seed: int, vocab: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+def _token_pool(seed: int, vocab: int, eos: int) -> tuple[list[int], list[float]]:
     """A seeded pool of token ids (never EOS) and plausible log-probs that responses are cut from."""
     key = (seed, vocab, eos)
     pool = _POOLS.get(key)
@@ -1134,7 +1134,7 @@ def _token_pool(seed: int, vocab: int, eos: int) -> tuple[np.ndarray, np.ndarray
         ids[ids >= eos] += 1
         # Sampled tokens at temperature 1: mostly confident, a long tail of surprising ones.
         lps = np.round(-rng.exponential(0.45, size=_POOL_SIZE), 6)
-        pool = _POOLS[key] = (ids, lps)
+        pool = _POOLS[key] = (ids.tolist(), lps.tolist())
     return pool
 
 
