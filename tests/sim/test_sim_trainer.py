@@ -381,8 +381,49 @@ def test_misuse_before_init_and_mismatched_batches():
     other = _seed_args(tensor_model_parallel_size=4)
     with pytest.raises(TrainerError, match="DP=2"):
         _run(cl, tr.train(0, _batch(other)))
-    with pytest.raises(TrainerError, match="no simulated checkpoint"):
-        _run(cl, tr.load_checkpoint("nowhere"))
+
+
+def test_checkpoints_cost_their_bytes_and_unknown_paths_resume_at_start_rollout_id():
+    args = _seed_args(offload_train=False, num_rollout=100, start_rollout_id=12)
+    tr, cl = _trainer(args)
+    _run(cl, tr.init())
+    p = QWEN3_4B.params_per_rank(2)
+    assert tr.checkpoint_bytes() == 8 * 2 * p // 4 + 8 * 12 * math.ceil(p / 4)
+    t0 = cl.env.now
+    assert _run(cl, tr.load_checkpoint("/ckpt/from-a-real-run")) == 12
+    assert cl.env.now - t0 == pytest.approx(tr.checkpoint_bytes() / 2e9)
+    _run(cl, tr.save_checkpoint(20, "/ckpt/iter_20"))
+    assert _run(cl, tr.load_checkpoint("/ckpt/iter_20")) == 21
+
+
+def test_kl_needs_reference_log_probs_with_a_weight_swap():
+    args = _seed_args(offload_train=False, use_kl_loss=True, kl_loss_coef=0.01)
+    tr, cl = _trainer(args, reuse_log_probs=True)
+    _run(cl, tr.init())
+    m = _run(cl, tr.train(0, _batch(args)))
+    names = [s.name for s in cl.recorder.spans if s.track == "actor"]
+    assert names.count("compute_ref_log_prob") == 1 and names.count("ref_log_probs") == 1
+    ref = next(s for s in cl.recorder.spans if s.name == "ref_log_probs")
+    fwd = next(s for s in cl.recorder.spans if s.name == "compute_ref_log_prob")
+    swap = 2 * QWEN3_4B.params_per_rank(2) / H100.h2d_bytes_per_s
+    assert (ref.t1 - ref.t0) - (fwd.t1 - fwd.t0) == pytest.approx(2 * swap, rel=1e-9)
+    assert m.extra["perf/ref_log_probs_time"] == pytest.approx(ref.t1 - ref.t0)
+    tr2, _ = _trainer(_seed_args(offload_train=False))
+    assert not tr2.needs_ref_log_probs()
+
+
+def test_full_recompute_trades_activation_memory_for_time():
+    def run(recompute: str) -> tuple[int, float]:
+        args = _seed_args(offload_train=False)
+        tr, cl = _trainer(args, recompute=recompute)  # type: ignore[arg-type]
+        _run(cl, tr.init())
+        m = _run(cl, tr.train(0, _batch(args)))
+        return cl.gpus[0].peak("actor", "activations"), m.extra["perf/actor_train_time"]
+
+    (mem_none, t_none), (mem_full, t_full) = run("none"), run("full")
+    assert mem_full < mem_none / 2 and t_full > t_none
+    with pytest.raises(ConfigError):
+        _trainer(_seed_args(), recompute="most")  # type: ignore[arg-type]
 
 
 def test_layout_errors_are_clear():

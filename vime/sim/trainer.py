@@ -121,12 +121,19 @@ class SimTrainer:
     Construct, then ``await init()`` inside the simulation. ``pinned`` chooses how the offload
     buffers behave ("persistent": allocated once, vime's CuMem; "cold": torch_memory_saver,
     pinned again on every sleep). ``reuse_log_probs`` overrides the seed-step-38 decision
-    (None: ask `vime.algo.logprob_reuse`).
+    (None: ask `vime.algo.logprob_reuse`). ``recompute`` overrides
+    ``args.recompute_granularity`` (none / selective / full activation recomputation).
+
+    With ``use_kl_loss`` (or a non-zero ``kl_coef``) every train call also computes reference
+    log-probs: the reference weights are swapped in from host memory over the params (slime keeps
+    them in its CPU weight backup), a forward runs over the batch, and the actor's weights are
+    swapped back — no extra device memory, 2 × params / h2d plus one forward of time.
+    Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
     """
 
     def __init__(self, args: Any, model: ModelSpec, cluster: SimCluster, *, name: str = OWNER,
                  pinned: PinnedMode = "persistent", reuse_log_probs: bool | None = None,
-                 seed: int | None = None) -> None:
+                 recompute: Recompute | None = None, seed: int | None = None) -> None:
         self.args = args
         self.model = model
         self.cluster = cluster
@@ -134,7 +141,9 @@ class SimTrainer:
         self.name = name
         self.layout = Layout.from_args(args, len(cluster.gpus))
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
-        self.recompute: Recompute = _recompute_mode(args)
+        self.recompute: Recompute = recompute if recompute is not None else _recompute_mode(args)
+        if self.recompute not in ("none", "selective", "full"):
+            raise ConfigError(f"recompute must be none, selective or full, got {self.recompute!r}")
         self.distributed_optimizer = bool(getattr(args, "use_distributed_optimizer", True))
         self.offload_train = bool(getattr(args, "offload_train", False))
         self.reuse_log_probs = reuse_log_probs
@@ -307,6 +316,20 @@ class SimTrainer:
                 t.cancel()
         self.cluster.recorder.span(self.name, label, t0, float(env.now), step=step)
 
+    def needs_ref_log_probs(self) -> bool:
+        """A KL term (loss or reward penalty) needs the reference model's log-probs."""
+        return bool(getattr(self.args, "use_kl_loss", False)) or float(getattr(self.args, "kl_coef", 0.0)) != 0.0
+
+    async def _ref_log_probs(self, rollout_id: int, batch: TrainBatch) -> float:
+        env = self.cluster.env
+        t0 = float(env.now)
+        swap = max(self.state_bytes_per_gpu()["params"]) / self.hw.h2d_bytes_per_s
+        await elapse(env, swap)  # reference weights in
+        await self._run_microbatches(batch, None, backward=False, label="compute_ref_log_prob")
+        await elapse(env, swap)  # actor weights back
+        self.cluster.recorder.span(self.name, "ref_log_probs", t0, float(env.now), rollout_id=rollout_id)
+        return float(env.now) - t0
+
     async def compute_log_prob(self, rollout_id: int, batch: TrainBatch) -> float:
         """The old-log-prob forward over the whole batch (seed step 38); returns its virtual seconds."""
         self._require_init("compute_log_prob")
@@ -328,6 +351,8 @@ class SimTrainer:
         recompute = self.needs_log_prob_recompute(batch)
         if recompute:
             timings["log_probs_time"] = await self.compute_log_prob(rollout_id, batch)
+        if self.needs_ref_log_probs():
+            timings["ref_log_probs_time"] = await self._ref_log_probs(rollout_id, batch)
         t_train = float(env.now)
         for step in range(batch.schedule.num_steps):
             await self._run_microbatches(batch, step, backward=True, label=f"train_step{step}")
@@ -426,17 +451,30 @@ class SimTrainer:
         """Costs the write of params + optimizer at CHECKPOINT_BYTES_PER_S per node; remembers `rollout_id`."""
         self._require_init("save_checkpoint")
         self.lifecycle.check("save_checkpoint")
-        state = self.state_bytes_per_gpu()
-        total = sum(state["params"]) / self.layout.dp + sum(state["optimizer"])
-        nodes = max(1, int(getattr(self.args, "actor_num_nodes", 1)))
         t0 = float(self.cluster.env.now)
-        await elapse(self.cluster.env, total / (CHECKPOINT_BYTES_PER_S * nodes))
+        await elapse(self.cluster.env, self._checkpoint_seconds())
         self._checkpoints[path] = rollout_id
         self.cluster.recorder.span(self.name, "save_checkpoint", t0, float(self.cluster.env.now),
-                                   rollout_id=rollout_id, gib=total / GiB)
+                                   rollout_id=rollout_id, gib=self.checkpoint_bytes() / GiB)
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of one checkpoint: the bf16 model once plus the Adam state once (not per replica)."""
+        lay = self.layout
+        state = self.state_bytes_per_gpu()
+        replicas = lay.dp * lay.cp
+        opt_copies = 1 if self.distributed_optimizer else replicas
+        return sum(state["params"]) // replicas + sum(state["optimizer"]) // opt_copies
+
+    def _checkpoint_seconds(self) -> float:
+        nodes = max(1, int(getattr(self.args, "actor_num_nodes", 1)))
+        return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * nodes)
 
     async def load_checkpoint(self, path: str) -> int:
-        """The rollout id to resume from (one after the saved one); unknown paths raise TrainerError."""
-        if path not in self._checkpoints:
-            raise TrainerError(f"{self.name}: no simulated checkpoint at {path!r}; saved: {sorted(self._checkpoints)}")
-        return self._checkpoints[path] + 1
+        """Costs the read of a checkpoint; returns the rollout id to resume from: one after the one
+        this trainer saved at `path`, else ``args.start_rollout_id`` (a checkpoint made outside the simulation)."""
+        t0 = float(self.cluster.env.now)
+        await elapse(self.cluster.env, self._checkpoint_seconds())
+        self.cluster.recorder.span(self.name, "load_checkpoint", t0, float(self.cluster.env.now))
+        if path in self._checkpoints:
+            return self._checkpoints[path] + 1
+        return int(getattr(self.args, "start_rollout_id", 0) or 0)
