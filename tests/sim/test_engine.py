@@ -449,7 +449,7 @@ def test_abort_requests_ends_everything() -> None:
     async def main() -> list[Any]:
         tasks = [asyncio.ensure_future(e.generate(req(100, 1024, f"r{i}"))) for i in range(8)]
         await asyncio.sleep(0.2)
-        await e.abort_requests()
+        assert await e.abort_all() == 8
         return list(await asyncio.gather(*tasks))
 
     assert {r.finish_reason for r in clock.run(main(), env=e.env)} == {"abort"}

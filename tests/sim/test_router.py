@@ -35,8 +35,9 @@ class FakeEngine:
             raise self.error
         return GenerateResult([1], [-0.1], "stop", len(request.token_ids), 1, engine=self.name)
 
-    async def abort_requests(self) -> None:
+    async def abort_all(self) -> int:
         self.aborts += 1
+        return 0
 
 
 def rq(i: int, session: str | None = None, prompt: list[int] | None = None) -> GenerateRequest:

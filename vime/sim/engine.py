@@ -913,14 +913,19 @@ class SimEngine:
         self._poke()
         self._report("resume", t0)
 
-    async def abort_requests(self) -> None:
-        """POST /abort_requests {} (seed step 28): every request in the engine ends with "abort" and its partial tokens."""
+    async def abort_all(self) -> int:
+        """POST /abort_requests {} (seed step 28): every request in the engine ends with "abort" and its
+        partial tokens; returns how many were aborted (the real client's `abort_all`)."""
         t0 = float(self.env.now)
-        self._alive("abort_requests")
+        self._alive("abort_all")
         await self._pause_for(self.settings.http_rtt_s / 2)
+        before = self.stats.aborted
         await self._control("abort")
         await self._pause_for(self.settings.http_rtt_s / 2)
-        self._report("abort_requests", t0)
+        self._report("abort_all", t0)
+        return self.stats.aborted - before
+
+    abort_requests = abort_all
 
     async def is_paused(self) -> bool:
         self._alive("is_paused")

@@ -162,4 +162,4 @@ class SimRouter:
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every healthy engine (seed step 28); they return finish_reason "abort"."""
-        await asyncio.gather(*(e.abort_requests() for e in self.engines if self._healthy(e)))
+        await asyncio.gather(*(e.abort_all() for e in self.engines if self._healthy(e)))
