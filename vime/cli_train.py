@@ -43,6 +43,10 @@ def format_step(report: StepReport) -> str:
         extra += f"  save {report.t_save:.3f}s"
     if report.t_eval:
         extra += f"  eval {report.t_eval:.3f}s"
+    if report.lost_engines:
+        extra += "  LOST " + ",".join(report.lost_engines)
+        if report.restarted_engines:
+            extra += " (restarted " + ",".join(report.restarted_engines) + ")"
     r = report.rollout
     return (f"step {report.rollout_id:>4}  T_step {report.t_step:9.3f}s  {phases}{extra}  gap {report.t_gap:.3f}s"
             f"  | v{report.rollout_weight_version}→v{report.published_version}"
@@ -135,7 +139,8 @@ def build_sim_orchestrator(args: Any, backends: Any, *, engines: Sequence[Any] |
     rollout = Rollout(args, router, num_engines=len(engines), reward=reward, progress=progress)
     eval_source = None
     if getattr(args, "eval_interval", None):
-        eval_source = synthetic_data_source(args, backends, seed_offset=1)
+        eval_source = synthetic_data_source(args, backends, seed_offset=1,
+                                            n_samples_per_prompt=getattr(args, "n_samples_per_eval_prompt", None) or 1)
     return Orchestrator(args, engines=engines, router=router, trainer=trainer,
                         data_source=data_source or synthetic_data_source(args, backends), rollout=rollout,
                         observers=[backends.recorder, *observers], eval_source=eval_source)

@@ -51,6 +51,7 @@ PHASE_METRICS: dict[str, str] = {
     "weight_sync": "perf/update_weights_time",
     "onload_kv": "perf/onload_kv_time",
 }
+LATEST_FILE = "latest_checkpointed_iteration.txt"
 ROLLOUT_MANAGER = "rollout_manager"  # the component name of the orchestrator's own bookkeeping calls
 
 
@@ -109,7 +110,8 @@ class StepReport:
     rollout: dict[str, Any] = field(default_factory=dict)  # RolloutStats.as_dict()
     train: dict[str, Any] = field(default_factory=dict)  # TrainMetrics as a dict
     eval: dict[str, float] = field(default_factory=dict)
-    lost_engines: list[str] = field(default_factory=list)
+    lost_engines: list[str] = field(default_factory=list)  # found dead after the rollout
+    restarted_engines: list[str] = field(default_factory=list)  # of those, restarted and back in service
 
     def phases(self) -> dict[str, float]:
         """The six phases of T_step by name, in seed order."""
@@ -267,7 +269,7 @@ class Orchestrator:
         times: dict[str, float] = {}
         async with self._phase("rollout", rollout_id, times):  # 14–32
             out, batch = await self.generate(rollout_id)
-        report.lost_engines = await self._check_engines()
+        report.lost_engines, report.restarted_engines = await self._check_engines(rollout_id)
         async with self._phase("offload", rollout_id, times):  # 33–36
             report.sleep_level = await self.offload()
         async with self._phase("train", rollout_id, times):  # 37–42
@@ -379,17 +381,40 @@ class Orchestrator:
         # Sleeping engines answer health checks slowly or not at all; a monitor must not restart them.
         self.health_monitoring = False
 
-    async def _check_engines(self) -> list[str]:
-        """After a rollout: engines that died are left out of every later control call, and reported."""
+    async def _check_engines(self, rollout_id: int) -> tuple[list[str], list[str]]:
+        """After a rollout, before the engines give their memory away: find dead engines and deal with them.
+
+        A dead engine that can be restarted (an optional ``restart()`` beyond the protocol; the
+        simulator has one) is restarted and rejoins: it sleeps with the others and gets the next
+        weights. Otherwise, with engines and trainer colocated, its memory cannot be released for
+        training, so the run stops here with an EngineError naming it; without colocation it is
+        left out of every later control call. Returns (lost, restarted) engine names.
+        """
         alive = await asyncio.gather(*(self._healthy(e) for e in self.engines))
-        lost = [e.name for e, ok in zip(self.engines, alive, strict=True) if not ok]
-        if lost:
+        dead = [e for e, ok in zip(self.engines, alive, strict=True) if not ok]
+        lost = [e.name for e in dead]
+        restarted: list[str] = []
+        for engine in dead:
+            t0 = self.now()
+            restart = getattr(engine, "restart", None)
+            if restart is not None:
+                await restart()
+                restarted.append(engine.name)
+                self._note("restart_engine", t0)
+            elif self.args.offload_rollout:
+                raise EngineError(engine.name, "health",
+                                  f"the engine died during rollout {rollout_id}; every sample was completed on the "
+                                  f"other engines, but with colocated training its GPU memory cannot be released "
+                                  f"and this backend cannot restart it — restart the run from the last checkpoint "
+                                  f"(--load)")
+        if dead:
             self.lost_engines.extend(lost)
-            self.engines = [e for e, ok in zip(self.engines, alive, strict=True) if ok]
+            gone = {e.name for e in dead} - set(restarted)
+            self.engines = [e for e in self.engines if e.name not in gone]
             self._note("engine_lost")
             if not self.engines:
                 raise EngineError(",".join(lost), "health", "every rollout engine is down; the run cannot go on")
-        return lost
+        return lost, restarted
 
     @staticmethod
     async def _healthy(engine: RolloutEngine) -> bool:
@@ -411,18 +436,25 @@ class Orchestrator:
 
     async def save(self, rollout_id: int) -> None:
         """Checkpoint through the trainer, plus the rollout state (data-source position, weight version)."""
-        path = os.path.join(self.args.save, f"iter_{rollout_id:07d}")
+        path = checkpoint_path(self.args.save, rollout_id)
         await self.trainer.save_checkpoint(rollout_id, path)
         os.makedirs(path, exist_ok=True)
         state = {"rollout_id": rollout_id, "weight_version": self.weight_version,
                  "data_source": self.data_source.state_dict()}
         with open(os.path.join(path, "rollout_state.json"), "w", encoding="utf-8") as fh:
             json.dump(state, fh)
+        # Megatron's marker of the newest checkpoint, so --load can name the directory above
+        with open(os.path.join(self.args.save, LATEST_FILE), "w", encoding="utf-8") as fh:
+            fh.write(str(rollout_id))
 
     async def _load_checkpoint(self, report: StartupReport) -> None:
         load = getattr(self.args, "load", None)
         if not load:
             return
+        latest = os.path.join(load, LATEST_FILE)
+        if os.path.isfile(latest):
+            with open(latest, encoding="utf-8") as fh:
+                load = checkpoint_path(load, int(fh.read().strip()))
         next_id = await self.trainer.load_checkpoint(load)
         state_file = os.path.join(load, "rollout_state.json")
         if os.path.isfile(state_file):
@@ -454,6 +486,11 @@ class Orchestrator:
         report.response_length_mean = sum(batch.response_lengths) / len(samples) if samples else 0.0
         report.rollout = out.stats.as_dict()
         report.train = asdict(metrics)
+
+
+def checkpoint_path(root: str, rollout_id: int) -> str:
+    """Where the checkpoint after rollout `rollout_id` lives (Megatron's iter_NNNNNNN naming)."""
+    return os.path.join(root, f"iter_{rollout_id:07d}")
 
 
 def _periodic(rollout_id: int, interval: int | None, num_rollout: int) -> bool:
