@@ -8,7 +8,7 @@ import pytest
 
 from vime.config import defaults, parse_args
 from vime.errors import SimulationError
-from vime.protocols import EngineMemory, GenerateRequest, TrainerState
+from vime.protocols import EngineMemory, GenerateRequest, TrainerState, WeightBucket
 from vime.sim import clock
 from vime.sim.backends import SimBackends, build_sim_backends
 
@@ -87,3 +87,15 @@ async def _tokens_of(b: SimBackends) -> list[list[int]]:
     await asyncio.gather(*(e.wake_up(None) for e in b.engines))
     reqs = [GenerateRequest(list(range(200)), {"max_tokens": 1024}, request_id=f"s{i}") for i in range(3)]
     return [r.token_ids for r in await asyncio.gather(*(b.router.generate(r) for r in reqs))]
+
+
+def test_disaggregated_weight_buckets_go_over_the_network() -> None:
+    colo = build_sim_backends(defaults(), start=False)
+    args = parse_args(["--no-colocate", "--rollout-num-gpus", "4", "--actor-num-gpus-per-node", "4"],
+                      command="simulate")
+    disagg = build_sim_backends(args, start=False)
+    bucket = WeightBucket(["w"], ["bfloat16"], [[1 << 29]], 1 << 30)
+    hw = disagg.hardware
+    assert disagg.settings is not None
+    assert disagg.settings.weight_transfer_bytes_per_s == hw.bus_bytes_per_s(inter_node=True)
+    assert disagg.engines[0].bucket_seconds(bucket) > colo.engines[0].bucket_seconds(bucket)

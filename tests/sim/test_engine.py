@@ -601,3 +601,61 @@ def test_fault_injection_fails_in_flight_and_later_calls_until_restart() -> None
     end = clock.run(main(), env=e.env)
     assert end > 1.5 + e.settings.restart_s
     assert e.stats.failed == 4
+
+
+def test_busy_periods_become_trace_spans() -> None:
+    class Spans:
+        def __init__(self) -> None:
+            self.spans: list[tuple[Any, ...]] = []
+
+        def on_call(self, component: str, call: str, t0: float, t1: float) -> None:
+            self.spans.append((component, call, t0, t1))
+
+        def span(self, track: str, name: str, t0: float, t1: float, **args: Any) -> None:
+            self.spans.append((track, name, t0, t1, args))
+
+    e = make_engine(spec="fixed:50")
+    obs = Spans()
+    e.observer = obs
+
+    async def main() -> None:
+        await asyncio.gather(*(e.generate(req(100, 64, f"a{i}")) for i in range(4)))
+        await asyncio.sleep(1)
+        await e.pause("keep")
+        await e.resume()
+        await asyncio.gather(*(e.generate(req(100, 64, f"b{i}")) for i in range(4)))
+
+    clock.run(main(), env=e.env)
+    busy = [s for s in obs.spans if s[1] == "generate"]
+    assert [s[4]["tokens"] for s in busy] == [200, 200]
+    assert busy[0][3] < busy[1][2]  # an idle gap between the two bursts
+    assert [s[1] for s in obs.spans if s[1] != "generate"] == ["pause", "resume"]
+
+
+_DETERMINISM_SCRIPT = """
+import asyncio, hashlib, random, sys
+sys.path.insert(0, {tests!r})
+from test_engine import make_engine, run_batch
+e = make_engine(model="Qwen3-0.6B", tp=1, spec="lognormal:5.0,1.0", seed=4, kv_blocks=400,
+                max_num_batched_tokens=2048, record_events=True)
+rnd = random.Random(3)
+results, times = run_batch(e, [rnd.randint(50, 800) for _ in range(60)], 1024)
+h = hashlib.sha256(repr(([(r.token_ids, r.log_probs, r.finish_reason) for r in results], times, e.events)).encode())
+print(h.hexdigest())
+"""
+
+
+def test_identical_across_processes_and_hash_seeds() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = _DETERMINISM_SCRIPT.format(tests=str(Path(__file__).parent))
+    digests = set()
+    for hash_seed in ("0", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                             check=True)
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1 and len(digests.pop()) == 64

@@ -17,6 +17,7 @@ the first step at `startup_s`, not 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,9 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
         response = default_response_spec(int(args.rollout_max_response_len))
     lengths = LengthSampler(response, getattr(args, "prompt_length", None), seed=seed)
     settings = EngineSettings.from_args(args)
+    if not colocate:
+        # Disaggregated: weights reach the engines by NCCL broadcast, not CUDA IPC (seed step 3).
+        settings = dataclasses.replace(settings, weight_transfer_bytes_per_s=hw.bus_bytes_per_s(inter_node=True))
 
     engines: list[SimEngine] = []
     placement: dict[str, list[int]] = {}

@@ -448,6 +448,8 @@ class SimEngine:
         self._drain_waiters: list[tuple[simpy.Event, bool]] = []  # (event, hold the scheduler after)
         self._hold = False  # scheduler held for sleep (apart from an explicit pause)
         self._wake: simpy.Event | None = None
+        self._busy_since: float | None = None
+        self._busy_tokens = 0
 
     def _allocate_memory(self) -> None:
         if self.allocator is None:
@@ -732,10 +734,14 @@ class SimEngine:
                 return
             self._apply_controls()
             if not self._runnable():
+                self._end_busy()
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
                 continue
+            if self._busy_since is None:
+                self._busy_since = float(env.now)
+                self._busy_tokens = self.stats.tokens_generated
             phase = self._plan_phase()
             if phase is not None:
                 self.stats.phases += 1
@@ -768,6 +774,16 @@ class SimEngine:
             if epoch != self._epoch:
                 return
             self._commit_iteration()
+
+    def _end_busy(self) -> None:
+        """Close the current busy period as one trace span (one per stretch of work, not per iteration)."""
+        if self._busy_since is None:
+            return
+        span = getattr(self.observer, "span", None)
+        if span is not None:
+            span(self.name, "generate", self._busy_since, float(self.env.now),
+                 tokens=self.stats.tokens_generated - self._busy_tokens)
+        self._busy_since = None
 
     def _plan_phase(self) -> _Phase | None:
         """K lockstep decode iterations up to the next event, or None when an explicit iteration is due."""
@@ -1032,16 +1048,18 @@ class SimEngine:
         self._report("start_weight_update", t0)
 
     def bucket_seconds(self, bucket: WeightBucket) -> float:
-        """One POST /update_weights (seed steps 48–50): HTTP + IPC open + per-tensor dispatch + the copy.
+        """One POST /update_weights (seed steps 48–50): HTTP + handle open + per-tensor dispatch + transfer + load.
 
-        Every TP rank reads the whole bucket from the trainer's buffer and writes its 1/TP shard,
-        all ranks in parallel: (nbytes + nbytes / TP) at the device-to-device rate (or the
-        configured transfer rate).
+        Every TP rank receives the whole bucket — over CUDA IPC from the trainer's buffer on the
+        same GPU (colocated: read at the device-to-device rate) or by NCCL broadcast
+        (`weight_transfer_bytes_per_s`) — and writes its 1/TP shard into its parameters at the
+        device rate; the ranks work in parallel.
         """
         s = self.settings
-        rate = s.weight_transfer_bytes_per_s or self.hardware.decode_bytes_per_s
-        copy = (bucket.nbytes + bucket.nbytes / s.tp) / rate
-        return s.http_rtt_s + s.ipc_open_s + s.load_per_tensor_s * len(bucket.names) + copy
+        device = self.hardware.decode_bytes_per_s
+        transfer = bucket.nbytes / (s.weight_transfer_bytes_per_s or device)
+        load = bucket.nbytes / s.tp / device
+        return s.http_rtt_s + s.ipc_open_s + s.load_per_tensor_s * len(bucket.names) + transfer + load
 
     async def update_weights(self, bucket: WeightBucket) -> None:
         """Load one bucket (seed steps 48–50); needs an open session."""
@@ -1102,6 +1120,7 @@ class SimEngine:
         for ev, _ in self._drain_waiters:
             ev.succeed(err)
         wake = self._wake
+        self._end_busy()
         self._reset_scheduler()
         if wake is not None and not wake.triggered:
             wake.succeed()
