@@ -148,7 +148,7 @@ def test_oom_on_colocated_wake_names_time_gpu_tag_and_phase():
     assert cl.gpus[0].used("actor") == 0 and cl.gpus[1].used("actor") == 0
     assert actor.lifecycle.state("params") is TagState.OFFLOADED
     assert cl.recorder.oom is err
-    assert cl.recorder.to_dict()["oom"]["tag"] == "params"
+    assert cl.recorder.to_dict()["oom"]["tag"] == "params" and err.rollout_id == 0
     assert ("OOM" in [name for _, _, name, _ in cl.recorder.instants])
 
 
@@ -269,6 +269,39 @@ def test_memory_is_released_when_the_sleep_finishes_not_before():
 
     clock.run(main(), env=cl.env)
     assert seen == [8 * GiB, 0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["sleep", "wake", "alloc"]),
+                          st.sets(st.sampled_from(sorted(ENGINE_TAGS))), st.sets(st.sampled_from(sorted(ENGINE_TAGS))),
+                          st.integers(0, 3)), max_size=15),
+       st.sampled_from(["cold", "persistent"]))
+def test_random_allocator_histories_keep_device_and_host_accounting_exact(ops, pinned):
+    """Whatever legal or illegal calls happen: an awake tag holds its size, a sleeping one nothing; cold
+    host memory is exactly the offloaded tags; illegal calls change nothing."""
+    cl = _cluster()
+    alloc = _engine_allocator(cl, pinned)
+    for op, tags_a, tags_b, k in ops:
+        snapshot = (alloc.device_bytes(), alloc.host_bytes(), dict(alloc.lifecycle.states))
+        try:
+            if op == "alloc":
+                alloc.allocate(min(tags_a, default=TAG_WEIGHTS), k * GiB)
+            elif op == "sleep":
+                clock.run(alloc.sleep(sorted(tags_a), sorted(tags_b - tags_a)), env=cl.env)
+            else:
+                clock.run(alloc.wake_up(None if k == 0 else sorted(tags_a)), env=cl.env)
+        except LifecycleError:
+            assert snapshot == (alloc.device_bytes(), alloc.host_bytes(), dict(alloc.lifecycle.states))
+        for tag in ENGINE_TAGS:
+            awake = alloc.lifecycle.state(tag) is TagState.AWAKE
+            assert alloc.device_bytes_per_gpu(tag) == (alloc.tag_bytes(tag) if awake else [0, 0])
+        offloaded = sum(sum(alloc.tag_bytes(t)) for t in ENGINE_TAGS
+                        if alloc.lifecycle.state(t) is TagState.OFFLOADED)
+        if pinned == "cold":
+            assert alloc.host_bytes() == offloaded == cl.host.used()
+        else:
+            assert alloc.host_bytes() >= offloaded
+        assert all(g.used() >= 0 for g in cl.gpus)
 
 
 def test_sizes_as_int_list_or_sparse_mapping():

@@ -4,7 +4,7 @@ Every byte the simulator places on a GPU goes through one `SimGPU`, whatever own
 weights and KV cache, the trainer's params and optimizer, CUDA contexts). So when a colocated
 trainer wakes while an engine still holds its KV cache, the allocation that does not fit raises
 `OutOfMemoryError` at that virtual time, on that GPU, for that owner and tag, in the phase the
-orchestrator announced — exactly where a real run would die.
+orchestrator announced (the error also carries ``rollout_id``) — exactly where a real run would die.
 
 - `SimGPU` / `SimHost`: byte pools with a capacity, usage by (owner, tag), peaks; never negative.
 - `SimAllocator`: the `vime.protocols.Allocator` of one owner spanning one or more GPUs, with
@@ -175,7 +175,8 @@ class SimRecorder:
             "tag_peaks": self.peak_table(),
             "oom": None if self.oom is None else {
                 "gpu": self.oom.gpu, "owner": self.oom.owner, "tag": self.oom.tag, "requested": self.oom.requested,
-                "free": self.oom.free, "phase": self.oom.phase, "time": self.oom.time, "message": str(self.oom)},
+                "free": self.oom.free, "phase": self.oom.phase, "time": self.oom.time,
+                "rollout_id": getattr(self.oom, "rollout_id", None), "message": str(self.oom)},
         }
 
     def on_oom(self, error: OutOfMemoryError) -> None:
@@ -199,8 +200,9 @@ class HostOutOfMemoryError(OutOfMemoryError):
         super().__init__(HOST, owner, tag, requested, free, phase, time)
         when = f" during {phase}" if phase else ""
         at = f" at t={time:.3f}s" if time is not None else ""
-        self.args = (f"host pinned memory exhausted{when}{at}: {owner}/{tag} asked for "
-                     f"{requested / GiB:.2f} GiB, {free / GiB:.2f} GiB free",)
+        self._set(f"host pinned memory exhausted{when}{at}: {owner}/{tag} asked for "
+                     f"{requested / GiB:.2f} GiB, {free / GiB:.2f} GiB free",
+                  owner, tag, requested, free, phase, time)
 
 
 class _Pool:
@@ -227,7 +229,9 @@ class _Pool:
 
     def _oom(self, owner: str, tag: str, nbytes: int, free: int) -> OutOfMemoryError:
         phase = self.recorder.phase if self.recorder is not None else ""
-        return OutOfMemoryError(self.index, owner, tag, nbytes, free, phase, self._now())
+        err = OutOfMemoryError(self.index, owner, tag, nbytes, free, phase, self._now())
+        err.rollout_id = self.recorder.rollout_id if self.recorder is not None else None  # type: ignore[attr-defined]
+        return err
 
     # --- changes ------------------------------------------------------------------------------
     def alloc(self, owner: str, tag: str, nbytes: int) -> None:
@@ -326,7 +330,9 @@ class SimHost(_Pool):
 
     def _oom(self, owner: str, tag: str, nbytes: int, free: int) -> OutOfMemoryError:
         phase = self.recorder.phase if self.recorder is not None else ""
-        return HostOutOfMemoryError(owner, tag, nbytes, free, phase, self._now())
+        err = HostOutOfMemoryError(owner, tag, nbytes, free, phase, self._now())
+        err.rollout_id = self.recorder.rollout_id if self.recorder is not None else None  # type: ignore[attr-defined]
+        return err
 
 
 @dataclass
