@@ -436,3 +436,38 @@ def test_layout_errors_are_clear():
 
     with pytest.raises(ConfigError, match="not a multiple"):
         Layout.from_args(Odd(), 8)
+
+
+_HASHSEED_SCRIPT = """
+import json, random, sys
+import simpy
+sys.path.insert(0, {here!r})
+from test_sim_trainer import _batch, _seed_args, _trainer, _run
+args = _seed_args()
+tr, cl = _trainer(args)
+async def main():
+    await tr.init()
+    await tr.wake_up()
+    m = await tr.train(1, _batch(args, 1, seed=1))
+    await tr.sleep()
+    return m
+m = _run(cl, main())
+print(json.dumps({{"metrics": vars(m), "recorder": cl.recorder.to_dict()}}))
+"""
+
+
+def test_output_is_identical_across_hash_seeds():
+    """Byte-identical recorder and metrics under different PYTHONHASHSEED values (DESIGN: determinism)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = _HASHSEED_SCRIPT.format(here=str(Path(__file__).parent))
+    outs = []
+    for seed in ("0", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1] and len(outs[0]) > 1000
