@@ -15,7 +15,7 @@ import pytest
 
 from vime.cli_train import format_step, simulate_training
 from vime.config import defaults
-from vime.errors import ConfigError, EngineError, TrainerError
+from vime.errors import ConfigError, EngineError
 from vime.orchestrator import PHASES, Orchestrator
 from vime.protocols import normalize_wake_tags
 from vime.rollout.data_source import DataSource, SyntheticDataset
@@ -326,9 +326,17 @@ def test_resume_reads_the_rollout_state(tmp_path: Path):
     assert fresh.get_samples(1)[0][0].group_index == 40
 
 
-def test_unknown_simulated_checkpoint_is_a_trainer_error(tmp_path: Path):
-    with pytest.raises(TrainerError, match="no simulated checkpoint"):
-        simulate_training(seed_args(load=str(tmp_path)))
+def test_resume_from_a_simulated_checkpoint_continues_like_an_uninterrupted_run(tmp_path: Path):
+    straight = recorded_run(seed_args())
+    first = simulate_training(seed_args(num_rollout=2, save_interval=1, save=str(tmp_path)))
+    assert first.report.steps[-1].t_save > 0
+    resumed, log, batches, _ = recorded_run(seed_args(load=str(tmp_path)))
+    assert resumed.report.startup.start_rollout_id == 2
+    assert [s.rollout_id for s in resumed.report.steps] == [2]
+    assert resumed.report.startup.weight_version == 3 and resumed.report.startup.flushed_cache
+    # the data source continues where it stopped: the same prompts as rollout 2 of the straight run
+    assert batches[0].group_indices == straight[2][2].group_indices
+    assert resumed.report.steps[0].rollout_weight_version == "3" and resumed.report.steps[0].published_version == 4
 
 
 def test_eval_interval_without_eval_prompts_is_a_config_error():

@@ -455,14 +455,16 @@ class Orchestrator:
         if os.path.isfile(latest):
             with open(latest, encoding="utf-8") as fh:
                 load = checkpoint_path(load, int(fh.read().strip()))
-        next_id = await self.trainer.load_checkpoint(load)
+        next_id = int(await self.trainer.load_checkpoint(load))
         state_file = os.path.join(load, "rollout_state.json")
         if os.path.isfile(state_file):
             with open(state_file, encoding="utf-8") as fh:
                 state = json.load(fh)
             self.data_source.load_state_dict(state["data_source"])
+            # the version the saved rollout was trained from; start-up publishes the next one (seed step 8)
             self.weight_version = self.initial_weight_version = int(state["weight_version"])
-        report.start_rollout_id = max(int(next_id), self.args.start_rollout_id)
+            next_id = max(next_id, int(state["rollout_id"]) + 1)
+        report.start_rollout_id = max(next_id, self.args.start_rollout_id)
 
     # --- the report ---------------------------------------------------------------------------------
     def _fill(self, report: StepReport, times: dict[str, float], out: RolloutOutput, batch: TrainBatch,
