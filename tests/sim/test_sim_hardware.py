@@ -16,7 +16,8 @@ VALUE_KEYS = ["memory_bytes", "bf16_flops", "hbm_bytes_per_s", "nvlink_bytes_per
 
 
 def test_presets_are_listed_and_the_default_is_h100():
-    assert list_hardware() == PRESETS
+    assert set(PRESETS) <= set(list_hardware())  # calibrated profiles may join them
+    assert list_hardware() == sorted(list_hardware())
     assert DEFAULT_HARDWARE == "H100-SXM-80G"
     assert load_hardware().name == "H100-SXM-80G"
 
