@@ -152,7 +152,6 @@ class SimTrainer:
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
                                       pinned=pinned, recorder=cluster.recorder, env=cluster.env)
         self.initialized = False
-        self.weight_version = 0
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
         self.last_timings: dict[str, float] = {}
