@@ -108,3 +108,19 @@ def test_allocator_table_double_pause_and_resume_without_pause():
     a.check_wake(["params", "grads"])
     a.on_wake(["params", "grads"])
     assert a.asleep_tags() == []
+
+
+def test_vime_errors_rebuild_from_args_and_pickle():
+    """simpy re-raises failed events as type(e)(*e.args) and Ray pickles exceptions: both must keep the message."""
+    import pickle
+
+    from vime.errors import EngineError, OutOfMemoryError
+
+    errors = [LifecycleError("engine0", "generate", "asleep", "wake it"),
+              UnknownTagError("engine0", "wake_up", "kv", {"weights"}),
+              EngineError("e1", "generate", "HTTP 500 body", 500, True),
+              OutOfMemoryError(3, "actor", "grads", 10 * 1024**3, 1024**3, "train", 1.5)]
+    for e in errors:
+        for copy in (type(e)(*e.args), pickle.loads(pickle.dumps(e))):
+            assert type(copy) is type(e) and str(copy) == str(e)
+    assert errors[2].status == 500 and errors[2].retryable

@@ -228,7 +228,7 @@ def _verdict(sim: Simulation) -> dict[str, Any]:
         return {"fits": True, "oom": None, "fixes": []}
     o = sim.oom
     return {"fits": False,
-            "oom": {"phase": o.phase, "rollout_id": sim.backends.recorder.rollout_id, "gpu": o.gpu, "owner": o.owner,
+            "oom": {"phase": o.phase or "startup", "rollout_id": sim.backends.recorder.rollout_id, "gpu": o.gpu, "owner": o.owner,
                     "tag": o.tag, "requested_gib": _r(o.requested / GiB, 3), "free_gib": _r(o.free / GiB, 3),
                     "short_by_gib": _r((o.requested - o.free) / GiB, 3),
                     "time_s": _r(o.time if o.time is not None else 0.0), "message": str(o)},

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 
 class VimeError(Exception):
-    """Base of every error vime raises on purpose."""
+    """Base of every error vime raises on purpose.
+
+    Subclasses with structured constructors keep their constructor arguments in ``args`` and the
+    message in ``_msg``, so ``type(e)(*e.args)`` rebuilds them (simpy re-raises failed events that
+    way) and pickling works (Ray sends exceptions between processes).
+    """
+
+    _msg: str | None = None
+
+    def _set(self, msg: str, *ctor_args: object) -> None:
+        Exception.__init__(self, *ctor_args)
+        self._msg = msg
+
+    def __str__(self) -> str:
+        return self._msg if self._msg is not None else super().__str__()
 
 
 class ConfigError(VimeError, ValueError):
@@ -24,7 +38,7 @@ class LifecycleError(VimeError):
         msg = f"{component}: {call}() is not allowed while {state}"
         if hint:
             msg += f"; {hint}"
-        super().__init__(msg)
+        self._set(msg, component, call, state, hint)
 
 
 class UnknownTagError(LifecycleError):
@@ -32,6 +46,7 @@ class UnknownTagError(LifecycleError):
 
     def __init__(self, component: str, call: str, tag: str, known: object) -> None:
         super().__init__(component, call, f"tag {tag!r} is unknown", f"known tags: {sorted(known)}")  # type: ignore[call-overload]
+        self._set(str(self), component, call, tag, known)
         self.tag = tag
 
 
@@ -41,7 +56,7 @@ class EngineError(VimeError):
     Says which engine, which call and what came back.
     """
 
-    def __init__(self, engine: str, call: str, detail: str, *, status: int | None = None,
+    def __init__(self, engine: str, call: str, detail: str, status: int | None = None,
                  retryable: bool = False) -> None:
         self.engine = engine
         self.call = call
@@ -51,7 +66,7 @@ class EngineError(VimeError):
         where = f"engine {engine}: {call}"
         if status is not None:
             where += f" -> HTTP {status}"
-        super().__init__(f"{where}: {detail}")
+        self._set(f"{where}: {detail}", engine, call, detail, status, retryable)
 
 
 class ResponseFormatError(EngineError):
@@ -78,10 +93,9 @@ class OutOfMemoryError(VimeError):
         gib = 1024**3
         when = f" during {phase}" if phase else ""
         at = f" at t={time:.3f}s" if time is not None else ""
-        super().__init__(
-            f"OOM on GPU {gpu}{when}{at}: {owner}/{tag} asked for {requested / gib:.2f} GiB, "
-            f"{free / gib:.2f} GiB free (short by {short / gib:.2f} GiB)"
-        )
+        self._set(f"OOM on GPU {gpu}{when}{at}: {owner}/{tag} asked for {requested / gib:.2f} GiB, "
+                  f"{free / gib:.2f} GiB free (short by {short / gib:.2f} GiB)",
+                  gpu, owner, tag, requested, free, phase, time)
 
 
 class SimulationError(VimeError):

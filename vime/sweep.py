@@ -139,7 +139,7 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
     res.peak_gib = round(max((p.bytes for g, p in peaks.items() if g >= 0), default=0) / GiB, 3)
     if sim.oom is not None:
         o = sim.oom
-        res.oom = (f"OOM during {o.phase or '?'} on GPU {o.gpu}: {o.owner}/{o.tag} short by "
+        res.oom = (f"OOM during {o.phase or 'startup'} on GPU {o.gpu}: {o.owner}/{o.tag} short by "
                    f"{(o.requested - o.free) / GiB:.2f} GiB")
     return res
 

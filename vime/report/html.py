@@ -7,7 +7,6 @@ in every browser.
 from __future__ import annotations
 
 import html
-from collections import defaultdict
 from typing import Any
 
 from vime.sim.memory import HOST, SimRecorder

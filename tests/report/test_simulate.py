@@ -1,0 +1,248 @@
+"""`vime simulate`: the default scenario, the JSON schema, golden output, trace file, HTML report, sweeps and search."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from collections import defaultdict
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from vime.cli_simulate import build_document, format_text, simulate
+from vime.config import parse_args
+from vime.report.html import render_html
+from vime.report.schema import SIMULATE_SCHEMA, TRACE_EVENT_SCHEMA
+from vime.report.trace import recorder_trace
+from vime.sweep import parse_sweep, run_points, search
+
+GiB = 1024**3
+GOLDEN = Path(__file__).parent / "golden" / "simulate_default.json"
+
+
+@pytest.fixture(scope="module")
+def default_sim():
+    return simulate(parse_args([], command="simulate"))
+
+
+@pytest.fixture(scope="module")
+def default_doc(default_sim):
+    return build_document(default_sim, deterministic=True)
+
+
+def test_default_scenario_is_the_seed_and_fits(default_doc):
+    cfg = default_doc["config"]
+    assert (cfg["rollout_batch_size"], cfg["n_samples_per_prompt"], cfg["global_batch_size"]) == (32, 8, 256)
+    assert (cfg["tensor_model_parallel_size"], cfg["data_parallel_size"], cfg["rollout_num_engines"]) == (2, 4, 4)
+    assert default_doc["model"]["name"] == "Qwen3-4B" and default_doc["hardware"]["name"] == "H100-SXM-80G"
+    assert default_doc["verdict"] == {"fits": True, "oom": None, "fixes": []}
+    assert len(default_doc["memory"]["gpus"]) == 8
+    for g in default_doc["memory"]["gpus"]:
+        assert 0 < g["peak_gib"] <= g["capacity_gib"]
+        assert g["headroom_gib"] == pytest.approx(g["capacity_gib"] - g["peak_gib"], abs=2e-3)
+        # the breakdown at the peak adds up to the peak
+        assert sum(g["by_owner_tag_gib"].values()) == pytest.approx(g["peak_gib"], abs=0.02)
+
+
+def test_phases_sum_to_t_step_and_percentages_to_100(default_doc):
+    for step in default_doc["steps"]:
+        assert sum(step["phases"].values()) + step["t_gap"] == pytest.approx(step["t_step"], rel=1e-6)
+        assert all(v >= 0 for v in step["phases"].values())
+    summary = default_doc["summary"]
+    assert sum(p["percent"] for p in summary["phases"].values()) == pytest.approx(100, abs=0.05)
+    assert summary["phases"]["rollout"]["seconds"] > 0 and summary["phases"]["train"]["seconds"] > 0
+    r = default_doc["rollout"]
+    assert 0 < r["longest_sample_tokens"] <= 1024
+    assert r["tokens_generated"] > 256  # 256 samples, most longer than one token
+    assert 0 < r["engine_busy_share"] <= 1.0 + 1e-9
+
+
+def test_json_document_validates_against_its_schema(default_doc):
+    jsonschema.validate(default_doc, SIMULATE_SCHEMA)
+
+
+def test_same_seed_gives_identical_documents(default_doc):
+    again = build_document(simulate(parse_args([], command="simulate")), deterministic=True)
+    assert json.dumps(again, sort_keys=True) == json.dumps(default_doc, sort_keys=True)
+
+
+def test_golden_default_document(default_doc):
+    """The default scenario's document is stable; VIME_UPDATE_GOLDEN=1 rewrites it after a deliberate model change."""
+    text = json.dumps(default_doc, indent=1, sort_keys=True) + "\n"
+    if os.environ.get("VIME_UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert GOLDEN.exists(), "no golden file: run with VIME_UPDATE_GOLDEN=1 once"
+    assert json.loads(GOLDEN.read_text()) == json.loads(text)
+
+
+def test_text_report_names_every_phase_and_the_verdict(default_doc):
+    text = format_text(default_doc)
+    for label in ("rollout (14–32)", "offload (33–36)", "train (37–42)", "onload weights (43)",
+                  "weight sync (44–53)", "onload KV (54)", "T_step", "Verdict: FITS", "GPU 7:", "host pinned"):
+        assert label in text
+
+
+def test_trace_is_well_formed(default_sim):
+    trace = recorder_trace(default_sim.backends.recorder)
+    events = trace["traceEvents"]
+    assert events
+    stacks: dict[tuple[int, int], list[str]] = defaultdict(list)
+    last_ts: dict[tuple[int, int], float] = {}
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"phases", "GPU 0", "GPU 7"} <= names
+    assert any(n.startswith("engine") for n in names) and any("actor" in n or "trainer" in n for n in names)
+    counters = 0
+    for e in events:
+        jsonschema.validate(e, TRACE_EVENT_SCHEMA)
+        key = (e["pid"], e["tid"])
+        if e["ph"] in ("B", "E"):
+            assert e["ts"] >= last_ts.get(key, float("-inf")), f"timestamps go back on track {key}"
+            last_ts[key] = e["ts"]
+            if e["ph"] == "B":
+                stacks[key].append(e["name"])
+            else:
+                assert stacks[key] and stacks[key].pop() == e["name"], f"unbalanced end {e}"
+        counters += e["ph"] == "C"
+    assert all(not s for s in stacks.values()), "every begin has its end"
+    assert counters > 0
+    phase_names = {e["name"] for e in events if e["ph"] == "B" and e.get("cat") == "phases"}
+    assert {"rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv"} <= phase_names
+
+
+def test_cli_json_and_files(tmp_path):
+    trace, report = tmp_path / "t.json", tmp_path / "r.html"
+    out = subprocess.run([sys.executable, "-m", "vime.cli", "simulate", "--num-rollout", "1", "--json",
+                          "--trace-out", str(trace), "--report", str(report)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    jsonschema.validate(doc, SIMULATE_SCHEMA)
+    assert len(doc["steps"]) == 1
+    assert json.loads(trace.read_text())["traceEvents"]
+    html = report.read_text()
+    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "")  # self-contained
+
+
+def test_unknown_model_lists_known_ones():
+    out = subprocess.run([sys.executable, "-m", "vime.cli", "simulate", "--model", "Qwen9-1T"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Qwen3-4B" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_impossible_configuration_fails_at_parse_time():
+    out = subprocess.run([sys.executable, "-m", "vime.cli", "simulate", "--tensor-model-parallel-size", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--tensor-model-parallel-size" in out.stderr and "Traceback" not in out.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# OOM, fixes, sweeps, search
+# --------------------------------------------------------------------------------------------
+
+
+def test_oom_verdict_names_gpu_tag_and_a_fix_that_the_simulator_confirms():
+    args = parse_args(["--model", "Qwen3-14B", "--num-rollout", "1"], command="simulate")
+    from vime.cli_simulate import check_fixes
+
+    sim = simulate(args)
+    assert not sim.fits
+    sim.fixes = check_fixes(sim)
+    doc = build_document(sim, deterministic=True)
+    jsonschema.validate(doc, SIMULATE_SCHEMA)
+    o = doc["verdict"]["oom"]
+    assert o["short_by_gib"] > 0 and o["owner"] and o["tag"] and 0 <= o["gpu"] < 8
+    assert any(": fits" in f for f in doc["verdict"]["fixes"]), doc["verdict"]["fixes"]
+    assert "Verdict: OOM" in format_text(doc)
+
+
+def test_sweep_oom_rows_match_hand_computed_memory():
+    """Qwen3-14B on 80 GB GPUs: at TP 1 each rank holds bf16 params + fp32 grads = 6 bytes × 14.8 B params
+    ≈ 82.5 GiB > 79.65 GiB before any activation, so it must OOM; at TP 4 that is 20.6 GiB and it fits."""
+    from vime.sim.hardware import load_hardware
+    from vime.sim.models import load_model
+
+    n = load_model("Qwen3-14B").num_params()
+    cap = load_hardware("H100-SXM-80G").memory_bytes
+    assert 6 * n > cap > 6 * n / 4 + 12 * n / 8  # the hand computation itself
+    base = parse_args(["--model", "Qwen3-14B", "--num-rollout", "1"], command="simulate")
+    results = run_points(base, parse_sweep(["tensor-model-parallel-size=1,4"]), workers=1)
+    by_tp = {r.changes["tensor_model_parallel_size"]: r for r in results}
+    assert not by_tp[1].fits and ("grads" in by_tp[1].oom or "params" in by_tp[1].oom), by_tp[1].oom
+    assert by_tp[4].fits and by_tp[4].t_step > 0
+    assert results[0] is by_tp[4]  # ranked: fitting first
+
+
+def test_sweep_rejects_unknown_flags_and_reports_invalid_points():
+    from vime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a simulation option"):
+        parse_sweep(["no-such-flag=1,2"])
+    with pytest.raises(ConfigError, match="FLAG=V1"):
+        parse_sweep(["micro-batch-size"])
+    base = parse_args(["--num-rollout", "1"], command="simulate")
+    res = run_points(base, parse_sweep(["tensor-model-parallel-size=3"]), workers=1)
+    assert not res[0].valid and "tensor-model-parallel-size" in res[0].error
+
+
+def test_search_returns_a_configuration_the_simulator_confirms():
+    base = parse_args(["--num-rollout", "1", "--model", "Qwen3-0.6B", "--rollout-batch-size", "8"],
+                      command="simulate")
+    best, ranked = search(base, goal="fastest", max_gpus=2, workers=1, max_tries=2)
+    assert best is not None and ranked[0] is best
+    # Re-simulate the winner from its printed command line: it fits and gives the same T_step.
+    assert best.argv[:2] == ["vime", "train"]
+    again = simulate(parse_args(best.argv[2:] + ["--num-rollout", "1"], command="simulate"))
+    assert again.fits
+    assert again.steps[0].t_step == pytest.approx(best.t_step, abs=1e-5)  # the table rounds to 1 µs
+
+
+# --------------------------------------------------------------------------------------------
+# The HTML report in a real browser
+# --------------------------------------------------------------------------------------------
+
+
+def _png_distinct_bytes(png: bytes) -> int:
+    """Distinct byte values in the decoded scanlines of a PNG (1 for a blank page)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, b""
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos:pos + 4])
+        kind = png[pos + 4:pos + 8]
+        if kind == b"IDAT":
+            idat += png[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return len(set(zlib.decompress(idat)))
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_html_report_renders_in_headless_chromium(default_sim, default_doc, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    page = tmp_path / "report.html"
+    page.write_text(render_html(default_doc, default_sim.backends.recorder))
+    shot = tmp_path / "shot.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    run = subprocess.run([browser, *flags, "--window-size=1000,1600", f"--screenshot={shot}", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert shot.exists(), run.stderr[-2000:]
+    assert _png_distinct_bytes(shot.read_bytes()) > 16, "screenshot is blank"
+    console_errors = [ln for ln in run.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
+    assert not console_errors, console_errors
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert "Where a step's time goes" in dom.stdout and dom.stdout.count("<svg") >= 3

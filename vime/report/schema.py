@@ -1,0 +1,63 @@
+"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1``) and of its trace file, for validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_NUM = {"type": "number"}
+_PHASES = ["rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv"]
+
+SIMULATE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["schema", "vime_version", "config", "hardware", "model", "startup", "steps", "summary",
+                 "rollout", "memory", "verdict"],
+    "properties": {
+        "schema": {"const": "vime.simulate/1"},
+        "vime_version": {"type": "string"},
+        "config": {"type": "object", "required": ["rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
+                                                  "tensor_model_parallel_size", "data_parallel_size"]},
+        "hardware": {"type": "object", "required": ["name", "memory_gib", "bf16_tflops", "hbm_tb_per_s"]},
+        "model": {"type": "object", "required": ["name", "params_b", "layers", "hidden_size"]},
+        "startup": {"type": ["object", "null"]},
+        "steps": {"type": "array", "items": {
+            "type": "object", "required": ["rollout_id", "phases", "t_gap", "t_step", "metrics"],
+            "properties": {"phases": {"type": "object", "required": _PHASES,
+                                      "additionalProperties": _NUM},
+                           "t_step": _NUM, "t_gap": _NUM,
+                           "metrics": {"type": "object", "additionalProperties": _NUM}}}},
+        "summary": {"type": "object", "required": ["t_step", "phases"], "properties": {
+            "t_step": _NUM,
+            "phases": {"type": "object", "required": _PHASES, "additionalProperties": {
+                "type": "object", "required": ["seconds", "percent"],
+                "properties": {"seconds": _NUM, "percent": _NUM}}}}},
+        "rollout": {"type": "object", "required": ["tokens_generated", "tokens_per_s_per_gpu", "longest_sample_tokens",
+                                                   "engine_busy_share", "kv_blocks_total", "kv_blocks_peak",
+                                                   "kv_blocks_used_share", "preemptions"]},
+        "memory": {"type": "object", "required": ["gpus", "host_pinned_peak_gib"], "properties": {
+            "gpus": {"type": "array", "items": {
+                "type": "object",
+                "required": ["gpu", "capacity_gib", "peak_gib", "headroom_gib", "peak_phase", "by_owner_tag_gib",
+                             "tag_peaks_gib"],
+                "properties": {"by_owner_tag_gib": {"type": "object", "additionalProperties": _NUM},
+                               "tag_peaks_gib": {"type": "object", "additionalProperties": _NUM}}}},
+            "host_pinned_peak_gib": _NUM}},
+        "verdict": {"type": "object", "required": ["fits", "oom", "fixes"], "properties": {
+            "fits": {"type": "boolean"},
+            "oom": {"oneOf": [{"type": "null"}, {"type": "object", "required": [
+                "phase", "gpu", "owner", "tag", "requested_gib", "free_gib", "short_by_gib", "time_s"]}]},
+            "fixes": {"type": "array", "items": {"type": "string"}}}},
+        "wall_s": _NUM,
+    },
+}
+
+TRACE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["ph", "pid", "tid"],
+    "properties": {
+        "ph": {"enum": ["B", "E", "C", "i", "M"]},
+        "pid": {"type": "integer"}, "tid": {"type": "integer"}, "ts": _NUM, "name": {"type": "string"},
+        "args": {"type": "object"},
+    },
+    "allOf": [{"if": {"properties": {"ph": {"enum": ["B", "E", "C", "i"]}}}, "then": {"required": ["ts", "name"]}}],
+}
