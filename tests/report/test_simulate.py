@@ -246,3 +246,13 @@ def test_html_report_renders_in_headless_chromium(default_sim, default_doc, tmp_
     assert not console_errors, console_errors
     dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert "Where a step's time goes" in dom.stdout and dom.stdout.count("<svg") >= 3
+
+
+def test_offload_backend_choice_shows_in_the_train_phase():
+    """torch_memory_saver pins host memory on every pause; vime's CuMem allocator keeps its buffers."""
+    times = {}
+    for backend in ("cumem", "torch_memory_saver"):
+        sim = simulate(parse_args(["--num-rollout", "1", "--train-offload-backend", backend], command="simulate"))
+        times[backend] = sim.steps[0]
+    assert times["torch_memory_saver"].t_train > times["cumem"].t_train
+    assert times["torch_memory_saver"].t_rollout == pytest.approx(times["cumem"].t_rollout)

@@ -115,6 +115,13 @@ def _recompute_mode(args: Any) -> Recompute:
     return gran  # type: ignore[no-any-return]
 
 
+def _pinned_mode(args: Any) -> PinnedMode:
+    """--train-offload-backend: vime's CuMem allocator keeps its pinned host buffers (allocated once);
+    torch_memory_saver pins host memory anew on every pause (vllm-project/vime #442/#444)."""
+    backend = getattr(args, "train_offload_backend", "cumem")
+    return "cold" if backend == "torch_memory_saver" else "persistent"
+
+
 class SimTrainer:
     """The actor group as one object (`vime.protocols.Trainer`), with memory on the cluster's GPUs.
 
@@ -132,7 +139,7 @@ class SimTrainer:
     """
 
     def __init__(self, args: Any, model: ModelSpec, cluster: SimCluster, *, name: str = OWNER,
-                 pinned: PinnedMode = "persistent", reuse_log_probs: bool | None = None,
+                 pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
                  recompute: Recompute | None = None, seed: int | None = None) -> None:
         self.args = args
         self.model = model
@@ -150,7 +157,7 @@ class SimTrainer:
         self.seed = int(seed if seed is not None else getattr(args, "seed", 0))
         self.lifecycle = TrainerLifecycle(name)
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
-                                      pinned=pinned, recorder=cluster.recorder, env=cluster.env)
+                                      pinned=pinned or _pinned_mode(args), recorder=cluster.recorder, env=cluster.env)
         self.initialized = False
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
