@@ -514,3 +514,44 @@ def test_collective_rpc_and_world_size():
 def test_health_never_raises(route, healthy):
     fake = FakeVLLM(routes={("GET", "/health"): route})
     assert run(make(fake).health()) is healthy
+
+
+def test_control_calls_use_fresh_connections_generate_keeps_alive():
+    fake = FakeVLLM()
+    eng = make(fake)
+    run(eng.pause("keep"))
+    run(eng.generate(GenerateRequest([1], dict(SP))))
+    assert fake.calls[0].headers["connection"] == "close"
+    assert fake.calls[1].headers.get("connection", "keep-alive") == "keep-alive"
+
+
+@pytest.mark.parametrize("body", [
+    generate_response([1, 2, 3]),
+    generate_response([1, 2], logprobs=[None, -0.5], version=None) | {"weight_version": "3"},
+    {"choices": [{"token_ids": None, "finish_reason": "abort",
+                  "logprobs": {"content": [{"token": "token_id:9", "logprob": -1.0}]}}]},
+    {"choices": [{"token_ids": [4], "logprobs": {"content": [{"token_id": 4}]}}]},  # no logprob key
+    {"choices": {"0": "not a list"}},
+    {"choices": [{"token_ids": [4], "logprobs": None}], "usage": None},
+])
+def test_fast_decoder_and_json_give_the_same_answer(body):
+    """The msgspec fast path must be invisible: same result or same error as json.loads + parser."""
+    import json
+
+    from vime.algo.response import parse_generate_response
+    from vime.real.vllm_client import _decode_generate
+
+    def outcome(data):
+        try:
+            return parse_generate_response(data, engine="e0")
+        except ResponseFormatError as exc:
+            return str(exc)
+    raw = json.dumps(body).encode()
+    fast = _decode_generate(raw)
+    assert outcome(json.loads(raw)) == outcome(json.loads(raw) if fast is None else fast)
+    fake = FakeVLLM(routes={("POST", "/inference/v1/generate"): answer(200, body)})
+    try:
+        got = run(make(fake).generate(GenerateRequest([1], dict(SP))))
+    except ResponseFormatError as exc:
+        got = str(exc)
+    assert got == outcome(json.loads(raw))

