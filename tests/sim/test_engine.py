@@ -659,3 +659,20 @@ def test_identical_across_processes_and_hash_seeds() -> None:
                              check=True)
         digests.add(out.stdout.strip())
     assert len(digests) == 1 and len(digests.pop()) == 64
+
+
+def test_cancelled_client_frees_its_seat_and_blocks() -> None:
+    e = make_engine(spec="fixed:3000")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(e.generate(req(200, 3500, "gone")))
+        other = asyncio.ensure_future(e.generate(req(200, 3500, "stays")))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.1)
+        assert e.running == 1 and e.stats.aborted == 1
+        assert (await other).completion_tokens == 3000
+
+    clock.run(main(), env=e.env)

@@ -541,7 +541,15 @@ class SimEngine:
             self._waiting.append(req)
             if head:
                 self._poke()
-        outcome = await self._await(req.done)
+        try:
+            outcome = await self._await(req.done)
+        except BaseException:
+            # The client went away (task cancelled): like vLLM on a disconnect, abort the request
+            # at the next iteration boundary so it stops holding a seat and KV blocks.
+            if not req.done.triggered and self._failed is None:
+                self._controls.append(("cancel", req, self.env.event()))
+                self._poke()
+            raise
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -704,6 +712,17 @@ class SimEngine:
                     ev.succeed()
             elif kind == "abort":
                 self._abort_all(include_held=True)
+                ev.succeed()
+            elif kind == "cancel":
+                req = arg
+                if req.mode in (_DECODE, _PREFILL):
+                    self._remove_running(req)
+                elif req in self._waiting:
+                    self._waiting.remove(req)
+                elif req in self._held:
+                    self._held.remove(req)
+                if req.mode != _DONE:
+                    self._finish(req, "abort")
                 ev.succeed()
             elif kind == "flush":
                 self._preempt_all()
