@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import socket
@@ -65,6 +66,7 @@ class ActorConfig:
     # Offload (seed steps 37, 41): "auto" = torch_memory_saver on CUDA, accounted no-op on CPU.
     offload_backend: str = "auto"
     torch_threads: int = 1
+    collective_timeout_s: float = 600.0  # a rank that never joins a collective fails the call instead of hanging
 
     @classmethod
     def from_args(cls, args: Any, hf_config: Mapping[str, Any] | None = None) -> ActorConfig:
@@ -254,6 +256,7 @@ class MegatronActor:
         self.asleep = False
         self._backup: dict[str, torch.Tensor] = {}
         self._finalize_enabled = True
+        self._last_offloaded = 0
 
     # --- process group and model ----------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
@@ -282,7 +285,8 @@ class MegatronActor:
                 torch.cuda.set_device(local if torch.cuda.device_count() > 1 else 0)
             dist.init_process_group(
                 "gloo" if self.cpu else "nccl", init_method=f"tcp://{master_addr}:{master_port}",
-                rank=self.rank, world_size=self.world_size)
+                rank=self.rank, world_size=self.world_size,
+                timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s))
         from megatron.core import parallel_state as ps
 
         with compat.device_mode():
@@ -539,8 +543,14 @@ class MegatronActor:
         nbytes = self._state_bytes()
         self.model.zero_grad_buffer()
         self.offload.pause(nbytes)
+        self._last_offloaded = nbytes
         self.asleep = True
         return {"offloaded_bytes": nbytes, "backend": self.offload.name}
+
+    def offload_info(self) -> dict[str, Any]:
+        """Which backend sleeps this rank, its pause/resume history and the bytes of the last sleep."""
+        return {"backend": self.offload.name, "events": list(self.offload.events),
+                "last_offloaded_bytes": self._last_offloaded}
 
     def wake_up(self) -> dict[str, Any]:
         """Bring trainer state back (seed step 37)."""

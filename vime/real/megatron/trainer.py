@@ -95,6 +95,10 @@ class MegatronTrainer:
         except Exception as exc:
             raise TrainerError(f"trainer {method}() failed on a rank: {exc}") from exc
 
+    async def full_logits(self, rows: Sequence[Sequence[int]]) -> Any:
+        """Full-vocabulary logits [b, s, vocab] of equal-length rows (every rank runs the TP forward)."""
+        return (await self.call("full_logits", [list(r) for r in rows]))[0]
+
     # --- Trainer protocol ---------------------------------------------------------------------
     async def train(self, rollout_id: int, batch: Any) -> TrainMetrics:
         """Each actor trains on its DP rank's partition of `batch` (seed steps 37–41)."""
