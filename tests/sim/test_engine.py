@@ -676,3 +676,18 @@ def test_cancelled_client_frees_its_seat_and_blocks() -> None:
         assert (await other).completion_tokens == 3000
 
     clock.run(main(), env=e.env)
+
+
+def test_wake_with_only_implicit_tags_does_nothing_and_bad_sleep_mode_is_a_config_error() -> None:
+    e, cluster = _engine_with_allocator()
+
+    async def main() -> None:
+        with pytest.raises(ConfigError, match="sleep mode"):
+            await e.sleep(2, mode="later")  # type: ignore[arg-type]
+        await e.sleep(2)
+        t0 = clock.now()
+        await e.wake_up(["cuda_graph"])  # normalises to no vLLM tag: no request, as the real client
+        assert clock.now() == t0 and cluster.gpus[0].used("engine0", "cuda_graph") == 0
+        assert await e.is_sleeping()
+
+    clock.run(main(), env=e.env)

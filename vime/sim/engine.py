@@ -981,7 +981,8 @@ class SimEngine:
         t0 = float(self.env.now)
         self._alive("sleep")
         self.lifecycle.check_sleep(level)
-        self.lifecycle.check_pause(mode)
+        if mode not in ("abort", "wait", "keep"):  # the real client raises the same
+            raise ConfigError(f"engine {self.name}: sleep mode must be abort, wait or keep, got {mode!r}")
         await self._pause_for(self.settings.http_rtt_s / 2)
         await self._control("quiesce", mode)
         self._hold = True
@@ -998,6 +999,10 @@ class SimEngine:
         t0 = float(self.env.now)
         self._alive("wake_up")
         normalized = self.lifecycle.check_wake(tags)
+        if normalized is not None and not normalized:
+            # Only vime's implicit tags (e.g. [cuda_graph]): the real client sends nothing, since vLLM
+            # wakes those with any wake and an empty tag list would mean "wake all".
+            return
         wanted = list(DEFERRABLE) if normalized is None else list(normalized)
         asleep = self._asleep_tags()
         chosen = [t for t in wanted if t in asleep]
