@@ -8,8 +8,10 @@ segments, and freed blocks are reused within the tag's pool.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +24,10 @@ from vime.real.cumem.allocator import CuMemAllocator
 #   void  free(void* ptr, size_t size, int device, cudaStream_t stream)
 ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+
+# PyTorch may call the thunks until its pools are gone, which can be after the hook object is
+# collected: the thunks are never freed (two small objects per hook).
+_KEEPALIVE: list[object] = []
 
 
 class HookError(VimeError):
@@ -42,8 +48,12 @@ class TorchCuMem:
         # Keep the ctypes thunks alive as long as PyTorch may call them.
         self._alloc_fn = ALLOC_FN(self._on_alloc)
         self._free_fn = FREE_FN(self._on_free)
+        _KEEPALIVE.extend((self._alloc_fn, self._free_fn))
         self._torch_allocator: Any = None
         self._pools: dict[str, Any] = {}
+        # Drop the pools while Python is fully alive, not during interpreter teardown.
+        ref = weakref.ref(self)
+        atexit.register(lambda: (h := ref()) is not None and h.close())
 
     # --- the callbacks --------------------------------------------------------------------------
     def _on_alloc(self, size: int, device: int, stream: int | None) -> int:
@@ -85,6 +95,15 @@ class TorchCuMem:
         if tag not in self._pools:
             self._pools[tag] = torch.cuda.MemPool(allocator=self._torch_allocator)
         return self._pools[tag]
+
+    def close(self) -> None:
+        """Give every pool's segments back (PyTorch frees them through the hook), then the host buffers."""
+        if self._pools:
+            import torch
+
+            torch.cuda.synchronize()
+            self._pools.clear()
+        self.allocator.close()
 
     @contextmanager
     def region(self, tag: str) -> Iterator[None]:

@@ -1,0 +1,258 @@
+"""A real Megatron-core training step on one GPU (local layer spec, bf16, random init, Qwen3-like shape): forward, backward, optimizer and peak memory, optionally with the trainer state in vime's CuMem regions (issues 12 and 11).
+
+    python bench/megatron_step.py --preset qwen3-1.7b --shapes 1x4096,4x2048 --out step.json [--cumem]
+
+`--device cpu --preset tiny` runs the same code path on a CPU (gloo) to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+PRESETS = {
+    # layers, hidden, heads, kv heads, head dim, ffn, vocab, tied embeddings (Qwen3 family shapes)
+    "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
+                 ffn_hidden_size=128, vocab_size=512, tie=True),
+    "qwen3-0.6b": dict(num_layers=28, hidden_size=1024, num_attention_heads=16, num_query_groups=8,
+                       kv_channels=128, ffn_hidden_size=3072, vocab_size=151936, tie=True),
+    "qwen3-1.7b": dict(num_layers=28, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
+                       kv_channels=128, ffn_hidden_size=6144, vocab_size=151936, tie=True),
+    "qwen3-4b": dict(num_layers=36, hidden_size=2560, num_attention_heads=32, num_query_groups=8,
+                     kv_channels=128, ffn_hidden_size=9728, vocab_size=151936, tie=True),
+}
+
+
+def flops_per_step(p: dict, mbs: int, seq: int) -> dict:
+    """Matmul FLOPs of forward (x3 for fwd+bwd) for one micro-batch: linear layers, attention, LM head."""
+    h, L, f, v = p["hidden_size"], p["num_layers"], p["ffn_hidden_size"], p["vocab_size"]
+    nh, nkv, hd = p["num_attention_heads"], p["num_query_groups"], p["kv_channels"]
+    tokens = mbs * seq
+    linear = 2 * tokens * L * (h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * f)
+    attn = 2 * 2 * mbs * L * nh * hd * seq * seq  # QK^T and PV, full (unfused local attention computes all)
+    head = 2 * tokens * h * v
+    fwd = linear + attn + head
+    return {"tokens": tokens, "fwd_flops": fwd, "fwd_bwd_flops": 3 * fwd,
+            "linear_flops": linear, "attn_flops": attn, "head_flops": head}
+
+
+def count_params(p: dict) -> int:
+    h, L, f, v = p["hidden_size"], p["num_layers"], p["ffn_hidden_size"], p["vocab_size"]
+    nh, nkv, hd = p["num_attention_heads"], p["num_query_groups"], p["kv_channels"]
+    per_layer = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * f + 2 * h + 2 * hd
+    return L * per_layer + v * h * (1 if p["tie"] else 2) + h
+
+
+class _CpuOptimizer:
+    """Stands in for Megatron's optimizer in the CPU dry run only (same step() return shape)."""
+
+    def __init__(self, inner):
+        self.optimizer = inner
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self):
+        import torch
+
+        params = [q for g in self.optimizer.param_groups for q in g["params"]]
+        for q in params:  # Megatron DDP accumulates into main_grad
+            if getattr(q, "main_grad", None) is not None:
+                q.grad = q.main_grad.to(q.dtype)
+        norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        self.optimizer.step()
+        return True, float(norm), None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3-1.7b", choices=sorted(PRESETS))
+    ap.add_argument("--shapes", default="1x4096,4x2048", help="micro-batch x sequence, comma separated")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--cumem", action="store_true", help="params/grads/optimizer in vime CuMem regions; pause+resume after the steps")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    p = PRESETS[args.preset]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    cuda = args.device == "cuda"
+    result: dict = {"preset": args.preset, "config": p, "params": count_params(p), "device": args.device,
+                    "cumem": args.cumem, "argv": sys.argv, "shapes": [], "ok": False}
+
+    def dump() -> None:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if cuda:
+        torch.cuda.set_device(0)
+    else:
+        # Dry run only: Megatron's DDP buffers ask torch.cuda for "the current device".
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.distributed.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         world_size=1, rank=0)
+    parallel_state.initialize_model_parallel(1, 1)
+    torch.manual_seed(1234)
+    if cuda:
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(1234)
+    else:
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        get_cuda_rng_tracker().fork = lambda *a, **k: nullcontext()  # dry run: no CUDA RNG to fork
+
+    hook = None
+    if args.cumem:
+        from vime.real.cumem.torch_hook import trainer_cumem
+
+        hook = trainer_cumem(0)
+
+    def region(tag: str):
+        return hook.region(tag) if hook is not None else nullcontext()
+
+    max_seq = max(s for _, s in shapes)
+    config = TransformerConfig(
+        num_layers=p["num_layers"], hidden_size=p["hidden_size"], num_attention_heads=p["num_attention_heads"],
+        num_query_groups=p["num_query_groups"], kv_channels=p["kv_channels"], ffn_hidden_size=p["ffn_hidden_size"],
+        normalization="RMSNorm", layernorm_epsilon=1e-6, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0,
+        bf16=cuda, params_dtype=torch.bfloat16 if cuda else torch.float32,
+        pipeline_dtype=torch.bfloat16 if cuda else torch.float32,
+        use_cpu_initialization=not cuda, apply_rope_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+    )
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    t0 = time.perf_counter()
+    with region("params"):
+        model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=p["vocab_size"],
+                         max_sequence_length=max_seq, position_embedding_type="rope", rotary_base=1000000,
+                         share_embeddings_and_output_weights=p["tie"])
+        if cuda:
+            model.cuda()
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=False)
+    with region("grads"):
+        model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    opt_config = OptimizerConfig(optimizer="adam", lr=1e-5, weight_decay=0.01, bf16=cuda,
+                                 use_distributed_optimizer=False, clip_grad=1.0)
+    with region("optimizer"):
+        if cuda:
+            opt = get_megatron_optimizer(opt_config, [model])
+        else:  # dry run: Megatron's optimizer wrappers put their loss scale on "cuda"
+            opt = _CpuOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-5))
+        inner = getattr(opt, "optimizer", None)
+        result["torch_optimizer"] = type(inner).__name__
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            # Adam state up front, inside its tag (torch would create it lazily in the first step)
+            for group in inner.param_groups:
+                for prm in group["params"]:
+                    inner.state[prm] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(prm),
+                                        "exp_avg_sq": torch.zeros_like(prm)}
+    if cuda:
+        torch.cuda.synchronize()
+        result["state_bytes_after_init"] = torch.cuda.memory_allocated()
+        if hook is not None:
+            result["cumem_bytes_by_tag"] = {t: hook.allocator.allocated_bytes(t) for t in ("params", "grads", "optimizer")}
+    result["build_s"] = time.perf_counter() - t0
+    dump()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    dev = torch.device(args.device)
+    gen = torch.Generator(device="cpu").manual_seed(7)
+
+    def one_step(mbs: int, seq: int) -> dict:
+        ids = torch.randint(0, p["vocab_size"], (mbs, seq), generator=gen).to(dev)
+        labels = torch.roll(ids, -1, dims=1)
+        pos = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
+        sync()
+        t0 = time.perf_counter()
+        model.zero_grad_buffer()
+        opt.zero_grad()
+        # On the GPU Megatron builds the causal mask itself; its helper hard-codes "cuda".
+        mask = None if cuda else torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1)
+        out = model(ids, pos, mask, labels=labels)
+        loss = out.float().mean()
+        sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        # One rank: the data-parallel all-reduce is the identity (scale 1/dp = 1). It is skipped
+        # because NCCL's own cudaMallocAsync failed on the H200 once PyTorch's cache held the
+        # activations of a 4096-token step ("Failed to CUDA calloc async 4 bytes").
+        if torch.distributed.get_world_size() > 1:
+            model.finish_grad_sync()
+        sync()
+        t2 = time.perf_counter()
+        ok, grad_norm, _ = opt.step()
+        sync()
+        t3 = time.perf_counter()
+        return {"fwd_s": t1 - t0, "bwd_s": t2 - t1, "opt_s": t3 - t2, "step_s": t3 - t0,
+                "loss": float(loss.item()), "grad_norm": float(grad_norm or 0.0), "update_ok": bool(ok)}
+
+    for mbs, seq in shapes:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        for _ in range(args.warmup):
+            one_step(mbs, seq)
+        steps = [one_step(mbs, seq) for _ in range(args.steps)]
+        entry = {"mbs": mbs, "seq": seq, **flops_per_step(p, mbs, seq), "steps": steps}
+        for k in ("fwd_s", "bwd_s", "opt_s", "step_s"):
+            entry[k + "_median"] = statistics.median(s[k] for s in steps)
+        if cuda:
+            entry["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            entry["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+            entry["tflops_fwd_bwd"] = entry["fwd_bwd_flops"] / (entry["fwd_s_median"] + entry["bwd_s_median"]) / 1e12
+        result["shapes"].append(entry)
+        print(f"megatron {args.preset} mbs={mbs} seq={seq}: fwd {entry['fwd_s_median'] * 1e3:.1f} ms "
+              f"bwd {entry['bwd_s_median'] * 1e3:.1f} ms opt {entry['opt_s_median'] * 1e3:.1f} ms "
+              f"loss {steps[-1]['loss']:.4f}", flush=True)
+        dump()
+
+    if hook is not None:
+        alloc = hook.allocator
+        mbs, seq = shapes[0]
+        cycles = []
+        for c in range(3):
+            sync()
+            free0 = torch.cuda.mem_get_info()[0]
+            ps = alloc.pause()
+            free1 = torch.cuda.mem_get_info()[0]
+            rs = alloc.resume()
+            after = one_step(mbs, seq)
+            cycles.append({"cycle": c, "pause": ps.as_dict(), "resume": rs.as_dict(),
+                           "device_freed_bytes": free1 - free0, "step_after": after})
+            print(f"cumem cycle {c}: pause {ps.seconds:.3f}s ({ps.gib_per_s:.1f} GiB/s, host alloc "
+                  f"{ps.host_alloc_seconds:.2f}s) resume {rs.seconds:.3f}s ({rs.gib_per_s:.1f} GiB/s) "
+                  f"freed {(free1 - free0) / 2**30:.1f} GiB loss after {after['loss']:.4f}", flush=True)
+        result["cumem_cycles"] = cycles
+    result["ok"] = True
+    dump()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    sys.exit(main())
