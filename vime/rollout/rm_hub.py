@@ -10,8 +10,10 @@ labels gets ``math``. Rewards are computed per sample as it finishes, or once pe
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
+import struct
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
@@ -106,15 +108,10 @@ def token_reward(response_tokens: Sequence[int], label: Any) -> float:
     return 1.0 if any(t in targets for t in response_tokens) else 0.0
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _unit(seed: int, stream: int, key: int) -> float:
-    """A uniform number in [0, 1) fixed by (seed, stream, key): splitmix64 finalisation, no RNG state."""
-    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + key * 0x94D049BB133111EB + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) / 2.0**64
+def _unit(*key: object) -> float:
+    """A uniform number in [0, 1) from a stable hash of `key` (independent of PYTHONHASHSEED)."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return struct.unpack("<Q", digest)[0] / 2.0**64
 
 
 def sim_reward(seed: int, group_index: int, index: int) -> float:
@@ -123,8 +120,8 @@ def sim_reward(seed: int, group_index: int, index: int) -> float:
     With groups of 8 about 2/9 of the groups come out uniform (all 0 or all 1), enough for
     ``check_reward_nonzero_std`` to have something to drop.
     """
-    p = _unit(seed, 1, group_index)
-    return 1.0 if _unit(seed, 2, index) < p else 0.0
+    p = _unit(seed, "group", group_index)
+    return 1.0 if _unit(seed, "sample", index) < p else 0.0
 
 
 # --------------------------------------------------------------------------------------------
