@@ -691,3 +691,71 @@ def test_wake_with_only_implicit_tags_does_nothing_and_bad_sleep_mode_is_a_confi
         assert await e.is_sleeping()
 
     clock.run(main(), env=e.env)
+
+
+def test_sleep_wait_while_paused_keeps_the_frozen_requests() -> None:
+    """A paused scheduler cannot drain, so sleep(mode=wait) keeps its requests (they recompute after wake)."""
+    e = make_engine(spec="fixed:500")
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(e.generate(req(200, 1024, "r")))
+        await asyncio.sleep(0.3)
+        await e.pause("keep")
+        await e.sleep(2, mode="wait")
+        await e.wake_up(None)
+        await e.resume()
+        return await task
+
+    r = clock.run(main(), env=e.env)
+    assert r.completion_tokens == 500 and e.stats.preemptions == 1
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_control_sequences_keep_the_invariants(seed: int) -> None:
+    """Arrivals at random times mixed with pause/resume/flush/sleep/wake: every request gets an answer,
+    tokens and log-probs zip, and the block pool ends empty."""
+    rnd = random.Random(seed)
+    e = make_engine(model="Qwen3-0.6B", tp=1, spec="lognormal:5.5,1.0", seed=seed,
+                    kv_blocks=rnd.choice([300, 600, None]), max_num_batched_tokens=rnd.choice([512, 2048, 8192]),
+                    max_num_seqs=rnd.choice([16, 64, 256]))
+    answers: dict[int, Any] = {}
+
+    async def client(i: int, t: float, prompt: int) -> None:
+        await asyncio.sleep(t)
+        try:
+            answers[i] = await e.generate(req(prompt, 1024, f"r{i}"))
+        except LifecycleError as exc:  # arrived while asleep: refused before any work
+            answers[i] = exc
+
+    async def controller() -> None:
+        paused = False
+        for _ in range(rnd.randint(1, 8)):
+            await asyncio.sleep(rnd.uniform(0, 3))
+            op = rnd.choice(["abort", "keep", "wait", "resume", "flush", "sleep"])
+            if op in ("abort", "keep", "wait"):
+                await e.pause(op)
+                paused = True
+            elif op == "resume":
+                await e.resume()
+                paused = False
+            elif op == "flush" and paused:
+                await e.flush_cache()
+            elif op == "sleep":
+                await e.sleep(rnd.choice([1, 2]), mode=rnd.choice(["abort", "keep", "wait"]))
+                await asyncio.sleep(rnd.uniform(0, 1))
+                await e.wake_up(None)
+        await e.resume()
+
+    n = rnd.randint(20, 120)
+    clients = [client(i, rnd.uniform(0, 5), rnd.randint(10, 1500)) for i in range(n)]
+
+    async def main() -> None:
+        await asyncio.gather(controller(), *clients)
+
+    clock.run(main(), env=e.env)
+    assert sorted(answers) == list(range(n))
+    for r in answers.values():
+        if not isinstance(r, LifecycleError):
+            assert len(r.token_ids) == len(r.log_probs) == r.completion_tokens <= 1024
+    assert e.used_blocks == 0 and e.in_flight == 0
+    assert e.stats.kv_blocks_peak <= e.kv.num_blocks

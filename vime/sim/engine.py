@@ -701,6 +701,8 @@ class SimEngine:
                 else:
                     ev.succeed()
             elif kind == "quiesce":  # sleep: what happens to requests still in the scheduler
+                if arg == "wait" and self.lifecycle.paused in ("abort", "keep"):
+                    arg = "keep"  # a paused scheduler cannot drain: its requests stay frozen
                 self._log("quiesce", arg)
                 if arg == "abort":
                     self._abort_all()
@@ -748,6 +750,7 @@ class SimEngine:
     # --- the scheduler process ----------------------------------------------------------------
     def _loop(self, epoch: int):  # simpy process
         env = self.env
+        idle_plans = 0
         while True:
             if epoch != self._epoch:
                 return
@@ -787,7 +790,13 @@ class SimEngine:
             # One explicit iteration: prefill chunks, admissions or preemption.
             dt = self._iterate()
             if dt is None:
+                idle_plans += 1
+                if idle_plans > 2:  # pragma: no cover - a scheduler bug must not hang the simulation
+                    raise SimulationError(f"engine {self.name}: requests queued but none can be scheduled "
+                                          f"({len(self._waiting)} waiting, {self.kv.num_blocks - self._used_blocks} "
+                                          f"free blocks)")
                 continue
+            idle_plans = 0
             self.stats.phases += 1
             yield env.timeout(dt)
             if epoch != self._epoch:
