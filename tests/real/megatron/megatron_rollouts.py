@@ -46,3 +46,11 @@ def eval_rows(n: int = 8, seed: int = 99, vocab: int = VOCAB) -> list[list[int]]
     """Equal-length prompts on which to read P(chosen | prompt) at the last position."""
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab) for _ in range(6)] for _ in range(n)]
+
+
+def even_token_fraction(args: object, sample: object) -> float:
+    """A `--custom-rm-path` reward for mixed-mode runs: the fraction of even response token ids
+    (it varies within a group, so GRPO advantages are not all zero)."""
+    n = sample.response_length  # type: ignore[attr-defined]
+    response = sample.tokens[len(sample.tokens) - n:] if n else []  # type: ignore[attr-defined]
+    return sum(1 for t in response if t % 2 == 0) / max(len(response), 1)

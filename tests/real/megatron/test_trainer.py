@@ -269,3 +269,46 @@ def test_without_finalize_model_grads_dp_training_departs_from_single_rank(train
         assert gap() > 1e-3
     finally:
         _run(dp2.call("set_finalize_grads", True))
+
+
+def test_orchestrator_drives_the_real_trainer_with_simulated_engines(training, groups, tiny_hf_dir):
+    """Mixed mode: the step loop on the simulated clock and engines, training on the real Megatron
+    actors (TP=2), for two rollouts; the engines receive the real trainer's exported buckets."""
+    from vime.cli_train import simulate_training
+    from vime.config import defaults
+
+    trainer = groups["tp2"]
+    before = _full_params(trainer)
+    args = defaults("train").replace(
+        backend="sim", model=str(tiny_hf_dir / "config.json"), actor_num_gpus_per_node=2,
+        tensor_model_parallel_size=2, rollout_num_gpus_per_engine=1, rollout_batch_size=2, n_samples_per_prompt=4,
+        micro_batch_size=2, rollout_max_prompt_len=16, rollout_max_response_len=8, rollout_max_context_len=64,
+        num_rollout=2, custom_rm_path="megatron_rollouts.even_token_fraction")
+    exported: list[int] = []
+
+    class Counting:
+        """Counts the buckets the orchestrator pulls from the real trainer."""
+
+        def __getattr__(self, name):
+            return getattr(trainer, name)
+
+        async def export_weights(self, bucket_bytes):
+            async for b in trainer.export_weights(bucket_bytes):
+                exported.append(len(b.names))
+                yield b
+
+    trainer.blocking = True
+    try:
+        run = simulate_training(args, wrap=lambda backends: {"trainer": Counting()})
+    finally:
+        trainer.blocking = False
+    steps = run.report.steps
+    assert [s.rollout_id for s in steps] == [0, 1]
+    assert [s.published_version for s in steps] == [2, 3]
+    hf_names = {n for name, full in before.items() for n, _ in mmodel.megatron_to_hf(trainer_spec(trainer), name, full)}
+    assert sum(exported) == 3 * len(hf_names)  # start-up publication + one per step
+    for s in steps:
+        assert s.train["grad_norm"] > 0 and s.train["tokens"] > 0 and s.train["num_steps"] == 1
+        assert not s.train["recomputed_log_probs"]  # the seed's reuse case: one step per rollout
+    after = _full_params(trainer)
+    assert any(not torch.equal(before[n], after[n]) for n in before)

@@ -38,6 +38,10 @@ class MegatronTrainer:
         self.tp = cfg.tensor_model_parallel_size
         self.dp = len(actors) // self.tp
         self.setup_s = max(r["setup_s"] for r in ranks)
+        #: Wait on the actors with a plain blocking ray.get instead of awaiting them. Mixed mode
+        #: (a simulated clock driving this real trainer) needs it: the simulated event loop refuses
+        #: the threads through which Ray completes awaited refs, and the call costs no virtual time.
+        self.blocking = False
 
     # --- start / stop -------------------------------------------------------------------------
     @classmethod
@@ -91,9 +95,16 @@ class MegatronTrainer:
         chosen = range(len(self.actors)) if ranks is None else ranks
         refs = [getattr(self.actors[r], method).remote(*args) for r in chosen]
         try:
-            return list(await asyncio.gather(*refs))
+            return await self._gather(refs)
         except Exception as exc:
             raise TrainerError(f"trainer {method}() failed on a rank: {exc}") from exc
+
+    async def _gather(self, refs: list[Any]) -> list[Any]:
+        if self.blocking:
+            import ray
+
+            return list(ray.get(refs))
+        return list(await asyncio.gather(*refs))
 
     async def full_logits(self, rows: Sequence[Sequence[int]]) -> Any:
         """Full-vocabulary logits [b, s, vocab] of equal-length rows (every rank runs the TP forward)."""
@@ -108,7 +119,7 @@ class MegatronTrainer:
                               f"(world {len(self.actors)} / TP {self.tp}); build the DP schedule with dp_size={self.dp}")
         refs = [a.train.remote(rollout_id, batch.for_rank(r["dp_rank"])) for a, r in zip(self.actors, self.ranks, strict=True)]
         try:
-            results = list(await asyncio.gather(*refs))
+            results = await self._gather(refs)
         except Exception as exc:
             raise TrainerError(f"train(rollout {rollout_id}) failed on a rank: {exc}") from exc
         self.lifecycle.apply("train")
@@ -119,7 +130,7 @@ class MegatronTrainer:
         self.lifecycle.check("compute_log_prob")
         refs = [a.compute_log_prob.remote(batch.for_rank(r["dp_rank"]))
                 for a, r in zip(self.actors, self.ranks, strict=True)]
-        results = list(await asyncio.gather(*refs))
+        results = await self._gather(refs)
         out: list[list[float] | None] = [None] * len(batch.tokens)
         for r, rows in zip(self.ranks, results, strict=True):
             if r["tp_rank"] == 0:
