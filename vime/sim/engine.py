@@ -26,6 +26,26 @@ first completion, the first iteration that would not find a free block, or an in
 an arrival / pause / sleep / fault — sums their times analytically and waits with one simpy
 timeout. Requests decoding in lockstep store offsets against a shared tick counter, so a phase
 costs O(16 + log n) Python work, not O(tokens) and not O(running requests).
+
+Semantics (VLLM_API.md) that the tests pin down:
+
+- Controls (pause, abort, flush, the quiesce of sleep) take effect at the next iteration boundary.
+  pause(abort) ends in-flight requests with finish_reason "abort" and their partial tokens;
+  pause(keep) freezes them; pause(wait) returns once they are drained. Requests arriving while
+  paused are held until resume. sleep(level, mode) applies `mode` the same way, except that a
+  kept request loses its KV (it recomputes after wake_up), and a scheduler that is already paused
+  cannot drain, so "wait" then keeps.
+- `is_sleeping()` reports memory (weights or KV released), not the pause flag.
+- A cancelled generate (client gone) aborts its request at the next boundary.
+- Responses: the length comes from `LengthSampler` keyed by the request id (or session id), the
+  tokens are a window of a seeded pool chosen by the same key, so both are independent of
+  routing and scheduling; "stop" ends with EOS, "length" stops at max_tokens; the weight version
+  last finished is stamped as a string.
+- Not modelled: prefix-cache hits (the n samples of a group arrive together, and vLLM only reuses
+  blocks computed in an earlier step, so a rollout sees almost none), speculative decoding,
+  stop strings.
+- Faults: `inject_failure(at)` / `fail_now()` make every waiting and later call raise
+  EngineError(retryable=True) until `restart()` (after `restart_s`).
 """
 
 from __future__ import annotations
@@ -130,7 +150,7 @@ class EngineSettings:
     @classmethod
     def from_args(cls, args: Any, **overrides: Any) -> EngineSettings:
         """Settings from a `vime.config.Args` (slime names: rollout_num_gpus_per_engine, ...)."""
-        values = dict(
+        values: dict[str, Any] = dict(
             tp=int(args.rollout_num_gpus_per_engine),
             gpu_memory_utilization=float(args.gpu_memory_utilization),
             max_num_seqs=int(args.max_num_seqs),
