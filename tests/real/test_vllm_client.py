@@ -555,3 +555,16 @@ def test_fast_decoder_and_json_give_the_same_answer(body):
     except ResponseFormatError as exc:
         got = str(exc)
     assert got == outcome(json.loads(raw))
+
+
+def test_pool_is_sharded_for_high_concurrency_and_single_with_an_injected_transport():
+    """httpcore's pool is quadratic in its size under load, so big concurrency gets several small pools."""
+    from vime.real.vllm_client import POOL_SHARD_SIZE
+
+    big = VLLMEngine("e0", "http://e0:1", max_concurrency=256)
+    small = VLLMEngine("e1", "http://e1:1", max_concurrency=POOL_SHARD_SIZE)
+    injected = make(FakeVLLM(), max_concurrency=256)
+    assert len(big._clients) == 256 // POOL_SHARD_SIZE
+    assert len(small._clients) == 1 and len(injected._clients) == 1
+    for eng in (big, small, injected):
+        run(eng.aclose())

