@@ -10,7 +10,8 @@ virtual rollout seconds, scheduler phases (simpy waits) and iterations, so the J
   buckets from the simulated trainer (step 8 / 45–52), wake KV (10–13), 256 samples ≤ 1024 tokens
   through the router (14–28), sleep level 2 (33–36). Target: well under 1 s.
 - large: 64 × H100, 64 engines of TP 1, 8192 samples (1024 prompts × 8), responses from the
-  default lognormal (median 0.4 × max) capped at 1k, 2k, 4k, 8k tokens. Target: < 20 s at 8k.
+  default lognormal (median 0.4 × max) capped at 1k, 2k, 4k, 8k tokens, and 8k with the KV cache
+  squeezed (--gpu-memory-utilization 0.35) so that preemptions multiply. Target: < 20 s at 8k.
 """
 
 from __future__ import annotations
@@ -94,11 +95,14 @@ def test_seed_step_engine_side(benchmark: Any) -> None:
     _report(benchmark, b, out["virtual"], benchmark.stats.stats.mean, out["cpu"])
 
 
-@pytest.mark.parametrize("max_len", [1024, 2048, 4096, 8192])
-def test_large_rollout_64_engines(benchmark: Any, max_len: int) -> None:
+@pytest.mark.parametrize(("max_len", "util"), [(1024, 0.9), (2048, 0.9), (4096, 0.9), (8192, 0.9), (8192, 0.35)],
+                         ids=["1k", "2k", "4k", "8k", "8k-kv-pressure"])
+def test_large_rollout_64_engines(benchmark: Any, max_len: int, util: float) -> None:
+    """util 0.35 leaves each engine ~90k KV tokens for ~480k wanted: thousands of preemptions."""
     args = parse_args(["--actor-num-nodes", "8", "--rollout-num-gpus-per-engine", "1",
                        "--rollout-max-response-len", str(max_len), "--rollout-max-context-len", str(max_len + 512),
-                       "--rollout-batch-size", "1024", "--n-samples-per-prompt", "8"], command="simulate")
+                       "--rollout-batch-size", "1024", "--n-samples-per-prompt", "8",
+                       "--gpu-memory-utilization", str(util)], command="simulate")
     out: dict[str, float] = {}
 
     def rollout() -> SimBackends:
