@@ -759,3 +759,13 @@ def test_random_control_sequences_keep_the_invariants(seed: int) -> None:
             assert len(r.token_ids) == len(r.log_probs) == r.completion_tokens <= 1024
     assert e.used_blocks == 0 and e.in_flight == 0
     assert e.stats.kv_blocks_peak <= e.kv.num_blocks
+
+
+def test_ignore_eos_runs_to_max_tokens() -> None:
+    e = make_engine(spec="fixed:10")
+
+    async def main() -> Any:
+        return await e.generate(GenerateRequest([1, 2, 3], {"max_tokens": 77, "ignore_eos": True}, request_id="x"))
+
+    r = clock.run(main(), env=e.env)
+    assert (r.completion_tokens, r.finish_reason) == (77, "length")

@@ -75,7 +75,7 @@ from vime.protocols import (
     WeightBucket,
     sleep_offload_tags,
 )
-from vime.sim.lengths import LengthSampler, key_seed
+from vime.sim.lengths import LengthDraw, LengthSampler, key_seed
 
 if TYPE_CHECKING:
     from vime.protocols import StepObserver
@@ -546,7 +546,10 @@ class SimEngine:
                               f"this model's maximum context length is {limit} tokens, but the request "
                               f"asks for {prompt} prompt + {max_tokens} completion tokens", status=400)
         key = self._sample_key(request)
-        draw = self.lengths.response(key, max_tokens)
+        if sp.get("ignore_eos"):
+            draw = LengthDraw(max_tokens, "length")  # vLLM generates until max_tokens
+        else:
+            draw = self.lengths.response(key, max_tokens)
         self._seq += 1
         rid = request.request_id or f"{self.name}-{self._seq}"
         req = _Req(rid, self._seq, key, prompt, draw.length, draw.finish_reason, max_tokens,
