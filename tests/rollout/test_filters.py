@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from vime.errors import ConfigError
-from vime.rollout.filters import DynamicFilterOutput, call_dynamic_filter, check_reward_nonzero_std, load_function
+from vime.rollout.filters import (
+    DynamicFilterOutput,
+    call_dynamic_filter,
+    check_reward_nonzero_std,
+    load_function,
+)
 from vime.types import Sample
 
 

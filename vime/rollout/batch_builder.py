@@ -36,9 +36,15 @@ class BatchBuilder:
             raise ConfigError(f"BatchBuilder: rollout {rollout_id} built while rollouts {self.outstanding} "
                               f"are not yet trained; call training_completed() after each train (seed step 42)")
         args = self.args
-        tokens, response_lengths, loss_masks, raw, groups, indices, totals = [], [], [], [], [], [], []
+        tokens: list[list[int]] = []
+        response_lengths: list[int] = []
+        loss_masks: list[list[int]] = []
+        raw: list[float] = []
+        groups: list[int] = []
+        indices: list[int] = []
+        totals: list[int] = []
         log_probs: list[list[float]] | None = []
-        versions = []
+        versions: list[list[str]] = []
         for s in samples:
             if s.reward is None:
                 raise ConfigError(f"sample {s.index} (group {s.group_index}) reached the batch without a reward")
@@ -46,6 +52,9 @@ class BatchBuilder:
             response_lengths.append(s.response_length)
             loss_masks.append(s.loss_mask if s.loss_mask is not None else [1] * s.response_length)
             raw.append(self._reward(s))
+            if s.index is None:
+                raise ConfigError("a sample without an index reached the batch; samples come numbered from the "
+                                  "data source (seed step 16)")
             groups.append(s.group_index if s.group_index is not None else s.index)
             indices.append(s.index)
             totals.append(len(s.tokens))

@@ -42,11 +42,9 @@ def extract_answer(text: str) -> str | None:
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed
-    m = None
-    for m in _ANSWER_IS.finditer(text):
-        pass
-    if m is not None:
-        return m.group(1).strip().rstrip(".")
+    answers = _ANSWER_IS.findall(text)
+    if answers:
+        return str(answers[-1]).strip().rstrip(".")
     numbers = _NUMBER.findall(text)
     return numbers[-1] if numbers else None
 
@@ -218,7 +216,7 @@ class RewardHub:
             body = resp.json()
             value = body.get("reward", body.get("score")) if isinstance(body, dict) else body
             try:
-                return float(value)
+                return float(value)  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 raise RewardError(f"reward model {self.url} returned {body!r:.200}; expected a number or "
                                   f'{{"reward": number}}') from None
