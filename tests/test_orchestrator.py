@@ -346,8 +346,10 @@ def test_eval_interval_without_eval_prompts_is_a_config_error():
                      trainer=object(), data_source=src)  # type: ignore[arg-type]
 
 
-def _vime(*argv: str) -> subprocess.CompletedProcess[str]:
+def _vime(*argv: str, hash_seed: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
     return subprocess.run([sys.executable, "-m", "vime.cli", "train", *argv], capture_output=True, text=True,
                           timeout=240, env=env, check=False)
 
@@ -374,6 +376,14 @@ def test_vime_train_backend_sim_json_lines():
     assert step["metrics"]["perf/step_time"] == step["t_step"]
     assert math.isclose(step["t_step"], sum(step["phases"].values()) + step["t_gap"], rel_tol=1e-12)
     assert proc.stderr == ""  # no progress bar under --json
+
+
+def test_reports_do_not_depend_on_the_hash_seed():
+    argv = ("--backend", "sim", "--num-rollout", "1", "--json", "--dynamic-sampling-filter-path",
+            "check_reward_nonzero_std", "--router-policy", "consistent_hash")
+    a, b = _vime(*argv, hash_seed="1"), _vime(*argv, hash_seed="2")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout and '"rollout/dropped_samples"' in a.stdout
 
 
 def test_vime_train_backend_real_without_a_checkpoint_fails_clearly():
