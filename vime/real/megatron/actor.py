@@ -87,7 +87,8 @@ class ActorConfig:
             if v is not None:
                 values[f.name] = v
         if values.get("hf_checkpoint") and not os.path.isdir(values["hf_checkpoint"]):
-            values["hf_checkpoint"] = None
+            raise ConfigError(f"--hf-checkpoint {values['hf_checkpoint']!r} is not a directory; point it at an "
+                              "HF model directory (config.json + *.safetensors)")
         return cls(**values)
 
     @property
@@ -174,8 +175,9 @@ def make_offload_backend(name: str) -> Any:
         return TorchMemorySaverOffload()
     if name == "cumem":
         try:
-            from vime.real import cumem  # type: ignore[attr-defined]
-            return cumem.TrainerOffload()
+            import vime.real.cumem as cumem
+
+            return cumem.TrainerOffload()  # type: ignore[attr-defined]
         except (ImportError, AttributeError) as exc:
             raise TrainerError("offload_backend='cumem' needs vime.real.cumem.TrainerOffload") from exc
     raise ConfigError(f"offload backend {name!r} is unknown; use auto, noop, torch_memory_saver or cumem")
@@ -398,7 +400,7 @@ class MegatronActor:
 
     # --- the loss (seed steps 39–40) ------------------------------------------------------------
     def _loss(self, mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        from vime.algo.policy_loss import aggregate, compute_policy_loss
+        from vime.algo.policy_loss import Aggregation, aggregate, compute_policy_loss
 
         logp, entropy = self._token_stats(logits, mb.tokens, with_entropy=True)
         rows = list(enumerate(zip(mb.total_lengths, mb.response_lengths, strict=True)))
@@ -411,7 +413,7 @@ class MegatronActor:
                                                  eps_high, eps_clip_c=self.cfg.eps_clip_c)
         assert entropy is not None
         ent = torch.cat([self._response_slice(entropy, i, t, r) for i, (t, r) in rows])
-        mode = "token_mean" if self.cfg.calculate_per_token_loss else "sample_mean"
+        mode: Aggregation = "token_mean" if self.cfg.calculate_per_token_loss else "sample_mean"
         pg_loss = aggregate(pg_losses, mb.loss_masks, mode)
         with torch.no_grad():
             clipfrac = aggregate(clipped, mb.loss_masks, mode)

@@ -107,7 +107,7 @@ def spec_from_hf_config(cfg: Mapping[str, Any]) -> ModelSpec:
     theta = float(rope.get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
     factor = None
     if rope_type == "llama3":
-        factor = float(rope.get("factor", scaling.get("factor", 8.0)))
+        factor = float(rope.get("factor") or scaling.get("factor") or 8.0)
     elif rope_type != "default":
         raise ConfigError(f"rope type {rope_type!r} is not supported (default and llama3 are)")
     if model_type == "qwen2":

@@ -85,7 +85,7 @@ def plan_placement(args: Any, *, use_gpus: bool, actor_num_cpus: float = 0.5) ->
                          colocate=colocate)
 
 
-def init_ray(address: str | None = None, *, num_cpus: float | None = None, num_gpus: int | None = None) -> None:
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Join the cluster at `address`, or start a local Ray with this machine's resources.
 
     Idempotent: an already-initialised Ray is kept (tests share one instance per session).

@@ -47,7 +47,7 @@ class MegatronTrainer:
     @classmethod
     def launch(cls, cfg: ActorConfig, world_size: int, *, args: Any = None, address: str | None = None,
                actor_num_cpus: float = 0.5, use_gpus: bool | None = None,
-               ray_num_cpus: float | None = None) -> MegatronTrainer:
+               ray_num_cpus: int | None = None) -> MegatronTrainer:
         """Start `world_size` actors in a fresh placement group and set them up (blocking)."""
         import ray
 
@@ -62,8 +62,8 @@ class MegatronTrainer:
         if plan.num_actors != world_size:
             raise ConfigError(f"the placement has {plan.num_actors} trainer bundles for {world_size} ranks")
         pg = create_placement_group(plan)
-        remote_cls = ray.remote(MegatronActor)
-        actors = [
+        remote_cls: Any = ray.remote(MegatronActor)
+        actors: list[Any] = [
             remote_cls.options(scheduling_strategy=actor_scheduling(pg, plan.actor_bundles[r]),
                                **plan.actor_options).remote(cfg, r, world_size)
             for r in range(world_size)

@@ -1,0 +1,70 @@
+"""Pieces of the Megatron actor and trainer that need no process group: micro-batches, config from Args, metric folding, offload choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vime.errors import ConfigError, TrainerError
+from vime.real.megatron.actor import (
+    AccountedNoopOffload,
+    ActorConfig,
+    MegatronActor,
+    make_micro_batch,
+    make_offload_backend,
+)
+from vime.real.megatron.trainer import fold_metrics
+
+HF = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+
+
+def test_micro_batch_pads_right_and_response_slices_line_up():
+    rows = [[5, 6, 7, 8, 9], [1, 2, 3]]
+    mb = make_micro_batch(rows, [2, 1])
+    assert mb.tokens.tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
+    assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4]] * 2
+    # logp[b, p] is log P(token p+1 | tokens ≤ p): encode that as p+1 to read which token each slot scores
+    logp = torch.tensor([[1.0, 2, 3, 4], [1, 2, 3, 4]])
+    assert MegatronActor._response_slice(logp, 0, 5, 2).tolist() == [3.0, 4.0]  # tokens 8, 9
+    assert MegatronActor._response_slice(logp, 1, 3, 1).tolist() == [2.0]  # token 3
+
+
+@pytest.mark.parametrize("resp", [0, 3])
+def test_micro_batch_needs_a_prompt_and_a_response(resp):
+    with pytest.raises(TrainerError, match="response_length"):
+        make_micro_batch([[1, 2, 3]], [resp])
+
+
+def test_actor_config_from_args_takes_the_slime_flag_names(tmp_path):
+    from vime.config import defaults
+
+    args = defaults("train").replace(tensor_model_parallel_size=2, lr=3e-4, eps_clip=0.25, eps_clip_high=0.28)
+    cfg = ActorConfig.from_args(args, HF)
+    assert (cfg.tensor_model_parallel_size, cfg.lr, cfg.eps_clip, cfg.eps_clip_high) == (2, 3e-4, 0.25, 0.28)
+    assert cfg.use_distributed_optimizer == args.use_distributed_optimizer
+    assert cfg.hf_checkpoint is None
+    with pytest.raises(ConfigError, match="hf-checkpoint"):
+        ActorConfig.from_args(defaults("train"))
+
+
+def test_metrics_fold_over_dp_heads():
+    base = {"grad_norm": 2.0, "num_steps": 1, "recomputed_log_probs": False, "train_time": 2.0}
+    results = [dict(base, tp_rank=0, dp_rank=0, loss=1.0, pg_clipfrac=0.1, entropy=3.0, tokens=10),
+               dict(base, tp_rank=1, dp_rank=0, loss=9.0, pg_clipfrac=0.9, entropy=9.0, tokens=10),
+               dict(base, tp_rank=0, dp_rank=1, loss=3.0, pg_clipfrac=0.3, entropy=5.0, tokens=30)]
+    m = fold_metrics(4, results)
+    assert (m.rollout_id, m.loss, m.entropy, m.tokens, m.grad_norm) == (4, 2.0, 4.0, 40, 2.0)
+    assert m.pg_clipfrac == pytest.approx(0.2)
+    assert m.extra["tokens_per_s"] == 20.0
+
+
+def test_offload_backend_choice():
+    if not torch.cuda.is_available():
+        assert isinstance(make_offload_backend("auto"), AccountedNoopOffload)
+    noop = make_offload_backend("noop")
+    noop.pause(123)
+    noop.resume()
+    assert noop.events == ["pause", "resume"] and noop.offloaded_bytes == 0
+    with pytest.raises(ConfigError, match="unknown"):
+        make_offload_backend("magic")
