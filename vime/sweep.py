@@ -68,7 +68,8 @@ def _dest_of(flag: str) -> str:
 def _simulate_actions() -> list[Any]:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    return list(sub.choices["simulate"]._actions)  # type: ignore[attr-defined]
+    choices: dict[str, Any] = sub.choices  # type: ignore[assignment]
+    return list(choices["simulate"]._actions)
 
 
 def argv_for(dest: str, value: Any) -> list[str]:

@@ -84,13 +84,13 @@ def trace_events(spans: Iterable[Span], samples: Iterable[MemorySample],
         events.append({"ph": "C", "name": "memory GiB", "pid": gpu_pid[m.gpu], "tid": 0, "ts": m.t * _US,
                        "args": {k: round(v / GiB, 4) for k, v in sorted(series.items())}})
 
-    for t, track, name, args in instants:
-        pid = pid_of.get(track)
+    for when, where, what, info in instants:
+        pid = pid_of.get(where)
         if pid is None:
-            gpu = int(track[3:]) if track.startswith("gpu") and track[3:].isdigit() else None
+            gpu = int(where[3:]) if where.startswith("gpu") and where[3:].isdigit() else None
             pid = gpu_pid.get(gpu, 0) if gpu is not None else 0
-        events.append({"ph": "i", "s": "p", "name": name, "pid": pid, "tid": 0, "ts": t * _US,
-                       "args": {k: v for k, v in args.items() if isinstance(v, (int, float, str, bool))}})
+        events.append({"ph": "i", "s": "p", "name": what, "pid": pid, "tid": 0, "ts": when * _US,
+                       "args": {k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))}})
     return events
 
 
