@@ -85,10 +85,12 @@ def trace_events(spans: Iterable[Span], samples: Iterable[MemorySample],
                        "args": {k: round(v / GiB, 4) for k, v in sorted(series.items())}})
 
     for when, where, what, info in instants:
-        pid = pid_of.get(where)
-        if pid is None:
-            gpu = int(where[3:]) if where.startswith("gpu") and where[3:].isdigit() else None
-            pid = gpu_pid.get(gpu, 0) if gpu is not None else 0
+        if where in pid_of:
+            pid = pid_of[where]
+        elif where.startswith("gpu") and where[3:].isdigit():
+            pid = gpu_pid.get(int(where[3:]), 0)
+        else:
+            pid = 0
         events.append({"ph": "i", "s": "p", "name": what, "pid": pid, "tid": 0, "ts": when * _US,
                        "args": {k: v for k, v in info.items() if isinstance(v, (int, float, str, bool))}})
     return events
