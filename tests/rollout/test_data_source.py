@@ -108,3 +108,18 @@ def test_synthetic_prompts_are_deterministic_and_capped():
     assert [a[i].tokens for i in range(50)] == [b[i].tokens for i in range(50)]
     assert len(a[49].tokens) == 512 and len(a[0].tokens) == 10
     assert all(0 <= t < a.vocab_size for t in a[3].tokens)
+
+
+def test_copies_do_not_share_nested_metadata_or_labels():
+    from vime.rollout.data_source import ListDataset
+    from vime.types import Sample
+
+    prompt = Sample(prompt=[{"role": "user", "content": "hi"}], label={"answers": [1]}, tokens=[1, 2],
+                    metadata={"tags": ["a"], "id": 3})
+    src = DataSource(ListDataset([prompt]), n_samples_per_prompt=2)
+    a, b = src.get_samples(1)[0]
+    a.metadata["tags"].append("b")
+    a.label["answers"].append(2)
+    a.prompt[0]["content"] = "changed"
+    assert b.metadata == {"tags": ["a"], "id": 3} and b.label == {"answers": [1]}
+    assert b.prompt[0]["content"] == "hi" and prompt.metadata["tags"] == ["a"]

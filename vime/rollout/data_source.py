@@ -59,6 +59,9 @@ def load_tokenizer(args: Any) -> Any:
     return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def copy_sample(sample: Sample) -> Sample:
     """An independent copy of a prompt sample (the seed's deepcopy, without deepcopy's cost on token lists)."""
     return dataclasses.replace(
@@ -67,9 +70,9 @@ def copy_sample(sample: Sample) -> Sample:
         loss_mask=None if sample.loss_mask is None else list(sample.loss_mask),
         rollout_log_probs=None if sample.rollout_log_probs is None else list(sample.rollout_log_probs),
         weight_versions=list(sample.weight_versions),
-        metadata=copy.deepcopy(sample.metadata) if sample.metadata else {},
+        metadata={k: v if isinstance(v, _SCALARS) else copy.deepcopy(v) for k, v in sample.metadata.items()},
         prompt=sample.prompt if isinstance(sample.prompt, str) else copy.deepcopy(sample.prompt),
-        label=sample.label if isinstance(sample.label, (str, int, float, type(None))) else copy.deepcopy(sample.label),
+        label=sample.label if isinstance(sample.label, _SCALARS) else copy.deepcopy(sample.label),
         reward=copy.deepcopy(sample.reward) if isinstance(sample.reward, dict) else sample.reward,
     )
 
