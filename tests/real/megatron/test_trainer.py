@@ -312,3 +312,28 @@ def test_orchestrator_drives_the_real_trainer_with_simulated_engines(training, g
         assert not s.train["recomputed_log_probs"]  # the seed's reuse case: one step per rollout
     after = _full_params(trainer)
     assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_resume_restores_the_optimizer_state(groups, training, tmp_path):
+    """Save, train one rollout, load, train it again: the same params (Adam moments came back).
+    Without the optimizer files Adam restarts and the params differ, so the check can fail."""
+    trainer = groups["tp1"]
+    path = str(tmp_path / "resume")
+    _run(trainer.save_checkpoint(7, path))
+    batch = synthetic_batch(60, global_batch_size=GBS)
+    _run(trainer.train(60, batch))
+    continued = _full_params(trainer)
+
+    assert _run(trainer.load_checkpoint(path)) == 8
+    assert _run(trainer.call("last_load_info")) == ["optimizer restored"]
+    _run(trainer.train(60, batch))
+    resumed = _full_params(trainer)
+    for name in continued:
+        torch.testing.assert_close(resumed[name], continued[name], atol=1e-6, rtol=1e-6)
+
+    shutil.rmtree(os.path.join(path, "optimizer"))
+    _run(trainer.load_checkpoint(path))
+    assert _run(trainer.call("last_load_info")) == ["optimizer reset"]
+    _run(trainer.train(60, batch))
+    restarted = _full_params(trainer)
+    assert max(float((restarted[n] - continued[n]).abs().max()) for n in continued) > 1e-4

@@ -259,6 +259,7 @@ class MegatronActor:
         self._backup: dict[str, torch.Tensor] = {}
         self._finalize_enabled = True
         self._last_offloaded = 0
+        self.last_load = ""
 
     # --- process group and model ----------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
@@ -641,26 +642,56 @@ class MegatronActor:
         if reload is not None:
             reload()
 
+    def _inner_optimizers(self) -> list[Any]:
+        """The torch optimizers under Megatron's wrapper(s): they hold the Adam moments."""
+        return [opt.optimizer for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
+    def _layout(self) -> dict[str, Any]:
+        return {"tp": self.tp, "dp": self.dp, "rank": self.rank,
+                "distributed_optimizer": self.cfg.use_distributed_optimizer}
+
     def save_checkpoint(self, rollout_id: int, path: str) -> None:
-        """HF safetensors + `vime_state.json` (rollout id) written by rank 0; collective over TP."""
+        """Weights as HF safetensors (rank 0, TP shards gathered), each rank's optimizer state, and
+        `vime_state.json` (the rollout id) written last, so a checkpoint without it is incomplete."""
+        import torch.distributed as dist
+
         state = self.hf_state(from_backup=False)
         if self.rank == 0:
             mmodel.write_hf_safetensors(path, state.items(), config=self.cfg.hf_config)
+            os.makedirs(os.path.join(path, "optimizer"), exist_ok=True)
+        dist.barrier()
+        torch.save({"layout": self._layout(), "states": [o.state_dict() for o in self._inner_optimizers()]},
+                   os.path.join(path, "optimizer", f"rank{self.rank:05d}.pt"))
+        dist.barrier()
+        if self.rank == 0:
             with open(os.path.join(path, "vime_state.json"), "w") as fh:
-                json.dump({"rollout_id": rollout_id, "next_rollout_id": rollout_id + 1}, fh)
-        import torch.distributed as dist
-
+                json.dump({"rollout_id": rollout_id, "next_rollout_id": rollout_id + 1, "layout": self._layout()}, fh)
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> int:
-        """Load weights saved by `save_checkpoint`; returns the rollout id to resume from."""
+        """Load a `save_checkpoint` directory; returns the rollout id to resume from.
+
+        Weights load into any TP/DP layout (they are HF tensors). The optimizer state loads only
+        into the layout that saved it; otherwise Adam restarts (`last_load` says which happened).
+        """
         state_file = os.path.join(path, "vime_state.json")
         if not os.path.exists(state_file):
-            raise TrainerError(f"{path!r} is not a vime checkpoint (no vime_state.json)")
+            raise TrainerError(f"{path!r} is not a complete vime checkpoint (no vime_state.json)")
         self.load_hf(path)
+        opt_file = os.path.join(path, "optimizer", f"rank{self.rank:05d}.pt")
+        self.last_load = "optimizer reset"
+        if os.path.exists(opt_file):
+            saved = torch.load(opt_file, map_location="cpu", weights_only=False)
+            if saved["layout"] == self._layout():
+                for opt, st in zip(self._inner_optimizers(), saved["states"], strict=True):
+                    opt.load_state_dict(st)
+                self.last_load = "optimizer restored"
         self.backup_weights()
         with open(state_file) as fh:
             return int(json.load(fh)["next_rollout_id"])
+
+    def last_load_info(self) -> str:
+        return self.last_load
 
     # --- inspection (tests, debugging) ----------------------------------------------------------
     def local_params(self) -> dict[str, torch.Tensor]:
