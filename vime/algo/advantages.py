@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the tensor functions only: the batch builder needs just the group
+# normalisation, and keeping torch out of that path saves ~1.5 s of start-up for `vime simulate`.
 
 #: Estimators whose rewards are centred per group and (optionally) divided by the group std.
 GROUP_NORMALIZED = ("grpo", "gspo", "cispo")
@@ -35,24 +42,27 @@ def normalize_group_rewards(
     raw = [float(r) for r in rewards]
     if advantage_estimator not in GROUP_CENTERED or not raw:
         return raw, list(raw)
-    values = torch.tensor(raw, dtype=torch.float32)
+    # float32 like the seed's torch code (torch.std is unbiased: ddof=1).
+    values = np.asarray(raw, dtype=np.float32)
     groups: dict[int, list[int]] = {}
     for pos, g in enumerate(group_indices):
         groups.setdefault(int(g), []).append(pos)
     divide = advantage_estimator in GROUP_NORMALIZED and grpo_std_normalization
-    out = values.clone()
+    out = values.copy()
     for positions in groups.values():
-        idx = torch.tensor(positions)
-        centered = values[idx] - values[idx].mean()
+        idx = np.asarray(positions)
+        centered = values[idx] - values[idx].mean(dtype=np.float32)
         if divide and len(positions) > 1:
-            centered = centered / (centered.std() + eps)
+            centered = centered / (centered.std(ddof=1, dtype=np.float32) + np.float32(eps))
         out[idx] = centered
-    return raw, out.tolist()
+    return raw, [float(x) for x in out]
 
 
 def get_grpo_returns(rewards: Sequence[float] | torch.Tensor,
                      response_lengths: Sequence[int]) -> list[torch.Tensor]:
     """Each sample's normalised reward broadcast over its response tokens (seed step 39)."""
+    import torch
+
     if len(rewards) != len(response_lengths):
         raise ValueError(f"{len(rewards)} rewards but {len(response_lengths)} response lengths")
     r = torch.as_tensor(rewards, dtype=torch.float32)
@@ -61,6 +71,8 @@ def get_grpo_returns(rewards: Sequence[float] | torch.Tensor,
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Shift and scale `values` to zero mean / unit variance over positions where `mask` is 1."""
+    import torch
+
     m = mask.to(values.dtype)
     count = m.sum().clamp_min(1.0)
     mean = (values * m).sum() / count
@@ -77,6 +89,8 @@ def get_reinforce_plus_plus_baseline_advantages(
     kl_coef: float = 0.0,
 ) -> list[torch.Tensor]:
     """REINFORCE++-baseline: (group-centred reward − kl_coef·kl) per token, whitened over the batch's masked tokens."""
+    import torch
+
     per_sample = []
     for i, n in enumerate(response_lengths):
         adv = torch.full((int(n),), float(rewards[i]))
@@ -107,6 +121,8 @@ def compute_advantages_and_returns(
     the reward broadcast over the response (sample 0 with 3 tokens and reward +0.9354 →
     [0.9354, 0.9354, 0.9354]).
     """
+    import torch
+
     if advantage_estimator in GROUP_NORMALIZED:
         returns = get_grpo_returns(rewards, response_lengths)
         return [r.clone() for r in returns], returns
