@@ -62,6 +62,7 @@ def test_generate_sends_token_ids_and_parses_tokens_logprobs_version():
     assert res.weight_version == "default" and res.engine == "e0"
     assert eng.last_response_version == "default"
     assert eng.behaviour["weight_version"] == "spans"
+    assert eng.behaviour["logprob_token"] == "numeric token_id"
 
 
 def test_generate_session_header_only_when_asked():
@@ -82,6 +83,7 @@ def test_generate_tolerates_string_token_ids_and_single_version_field():
     res = run(eng.generate(GenerateRequest([1, 2], dict(SP))))
     assert (res.token_ids, res.log_probs, res.weight_version) == ([5, 6], [-0.1, -0.2], "7")
     assert eng.behaviour["weight_version"] == "field"
+    assert eng.behaviour["logprob_token"] == "token_id:<id> string"
 
 
 def test_generate_length_mismatch_is_a_response_format_error():

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from vime.errors import EngineError, LifecycleError
@@ -81,6 +82,22 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def generated_tokens(url: str) -> float:
+    """vLLM's Prometheus counter of generated tokens (``vllm:generation_tokens_total``)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{url}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+async def until_decoding(url: str, since: float, at_least: int = 20, timeout_s: float = 120.0) -> None:
+    """Wait until the engine has decoded `at_least` tokens more than `since` (no fixed sleeps: CI speed varies)."""
+    deadline = time.monotonic() + timeout_s
+    while await generated_tokens(url) < since + at_least:
+        assert time.monotonic() < deadline, f"{url} decoded fewer than {at_least} tokens in {timeout_s} s"
+        await asyncio.sleep(0.05)
+
+
 def req(tokens: list[int], sp: dict, **kw) -> GenerateRequest:
     return GenerateRequest(tokens, dict(sp), **kw)
 
@@ -100,6 +117,7 @@ def test_generate_directly(cluster: Cluster):
     assert all(-9999.0 <= lp <= 0.0 for lp in res.log_probs)
     assert res.weight_version is not None
     assert behaviour["weight_version"] == "spans"  # vLLM 0.32: choices[0].weight_versions
+    assert behaviour["logprob_token"] == "numeric token_id"
 
 
 def test_generate_through_router_and_64_concurrent(cluster: Cluster):
@@ -146,9 +164,9 @@ def test_consistent_hash_keeps_a_session_on_one_engine(cluster: Cluster):
 def test_pause_abort_returns_partial_tokens(cluster: Cluster):
     async def main():
         async with cluster.engine(1) as eng:
+            since = await generated_tokens(eng.base_url)
             task = asyncio.create_task(eng.generate(req([5, 6, 7], LONG)))
-            await asyncio.sleep(2.0)
-            assert not task.done(), "1800 tokens should take longer than 2 s on CPU"
+            await until_decoding(eng.base_url, since)
             await eng.pause("abort")
             try:
                 res = await asyncio.wait_for(task, 30)
@@ -165,16 +183,18 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
 def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
     async def main():
         async with cluster.engine(1) as eng:
-            task = asyncio.create_task(eng.generate(req([9, 10, 11], {**LONG, "max_tokens": 600})))
-            await asyncio.sleep(0.5)
+            since = await generated_tokens(eng.base_url)
+            task = asyncio.create_task(eng.generate(req([9, 10, 11], LONG)))
+            await until_decoding(eng.base_url, since)
             await eng.pause("keep")
-            await asyncio.sleep(1.5)
-            frozen = not task.done()
+            frozen_at = await generated_tokens(eng.base_url)
+            await asyncio.sleep(1.0)
+            frozen = not task.done() and await generated_tokens(eng.base_url) == frozen_at
             await eng.resume()
-            return await asyncio.wait_for(task, 120), frozen
+            return await asyncio.wait_for(task, 300), frozen
     res, frozen = run(main())
-    assert frozen
-    assert res.finish_reason == "length" and len(res.token_ids) == 600 == len(res.log_probs)
+    assert frozen, "pause(keep) must freeze the request: no tokens decoded while paused"
+    assert res.finish_reason == "length" and len(res.token_ids) == 1800 == len(res.log_probs)
 
 
 def test_reset_prefix_cache_after_pause(cluster: Cluster):

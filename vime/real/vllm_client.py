@@ -271,6 +271,8 @@ class VLLMEngine:
             text = resp.text
             self.behaviour["weight_version"] = ("spans" if '"weight_versions"' in text else
                                                 "field" if '"weight_version"' in text else "absent")
+            self.behaviour["logprob_token"] = ("numeric token_id" if '"token_id":' in text else
+                                               "token_id:<id> string" if '"token_id:' in text else "none")
 
     # ---------------------------------------------------------------------------------------
     # memory: sleep / wake (seed steps 5–7, 10–13, 34–36)
