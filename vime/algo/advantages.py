@@ -121,7 +121,6 @@ def compute_advantages_and_returns(
     the reward broadcast over the response (sample 0 with 3 tokens and reward +0.9354 →
     [0.9354, 0.9354, 0.9354]).
     """
-    import torch
 
     if advantage_estimator in GROUP_NORMALIZED:
         returns = get_grpo_returns(rewards, response_lengths)
