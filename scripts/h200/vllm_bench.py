@@ -173,6 +173,83 @@ async def run(args) -> dict:
             return {"batch": b, "prompt_len": prompt_len, "max_tokens": max_tokens, "wall_s": wall,
                     "output_tokens": toks, "tokens_per_s": toks / wall, "s_per_step": wall / max_tokens}
 
+        async def greedy_lp() -> tuple[list[list[int]], list[float]]:
+            sp = {"temperature": 0.0, "max_tokens": 16, "logprobs": 1, "detokenize": False}
+            outs = await asyncio.gather(*(eng.generate(GenerateRequest(token_ids=p, sampling_params=sp)) for p in probe))
+            return [o.token_ids for o in outs], [o.log_probs[0] for o in outs]
+
+        async def push(buckets, version: int) -> float:
+            t = time.perf_counter()
+            await eng.start_weight_update()
+            for b in buckets:
+                await eng.update_weights(b)
+            await eng.finish_weight_update(version)
+            return time.perf_counter() - t
+
+        async def diagnose() -> dict:
+            # Which step makes the served outputs differ from the weights pushed? (issue 10 follow-up)
+            diag: list = []
+            res["phases"]["diagnose"] = diag
+            base, base_lp = await greedy_lp()
+            res["baseline_outputs"], res["baseline_first_logprobs"] = base, base_lp
+            again, again_lp = await greedy_lp()
+            diag.append({"step": "greedy twice, no update", "same": again == base, "first_lp": again_lp})
+            await eng.init_weight_transfer({})
+            one = buckets_of(model_a, 1 << 40)
+            many = buckets_of(model_a, args.bucket_bytes)
+            version = 0
+
+            async def check(step: str, **extra) -> None:
+                outs, lp = await greedy_lp()
+                diag.append({"step": step, "same": outs == base, "first_lp": lp, **extra})
+                print(f"diagnose: {step}: same={outs == base} first logprobs {lp} (baseline {base_lp})", flush=True)
+                dump()
+
+            version += 1
+            await check("push A (original), 16 buckets, awake", s=await push(many, version))
+            version += 1
+            await check("push A, 1 bucket, awake", s=await push(one, version))
+            try:
+                await eng.pause("abort")
+                await eng.flush_cache()
+                await eng.resume()
+                await check("after pause/flush_cache/resume")
+            except Exception as e:  # noqa: BLE001 - the sleep checks below matter more
+                diag.append({"step": "pause/flush/resume", "error": repr(e)})
+                if eng.lifecycle.paused:
+                    await eng.resume()
+            await eng.sleep(1)
+            await eng.wake_up(["weights"])
+            version += 1
+            s1 = await push(many, version)
+            await eng.wake_up(["kv_cache"])
+            await check("sleep 1, wake weights, push A, wake kv", s=s1)
+            await eng.sleep(2)
+            await eng.wake_up(["weights"])
+            version += 1
+            s2 = await push(many, version)
+            await eng.wake_up(["kv_cache"])
+            await check("sleep 2, wake weights, push A, wake kv", s=s2)
+            await eng.sleep(2)
+            await eng.wake_up()
+            version += 1
+            s3 = await push(one, version)
+            await check("sleep 2, wake all, push A (1 bucket)", s=s3)
+            await eng.aclose()
+            dump()
+            return res
+
+        if args.diagnose:
+            try:
+                return await diagnose()
+            except Exception:  # noqa: BLE001
+                import traceback
+
+                res["errors"].append(traceback.format_exc())
+                print(traceback.format_exc(), flush=True)
+                dump()
+                return res
+
         try:
             res["baseline_outputs"] = await greedy()
             # --- decode throughput and prefill ---------------------------------------------------
@@ -293,6 +370,9 @@ def main() -> int:
     ap.add_argument("--bucket-bytes", type=int, default=512 << 20)
     ap.add_argument("--eager", action="store_true", help="--enforce-eager (no torch.compile, no CUDA graphs)")
     ap.add_argument("--quick", action="store_true", help="small grid")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="only the weight-update checks: push the original weights back after each kind of "
+                         "sleep and compare greedy outputs and first-token log-probs with the baseline")
     args = ap.parse_args()
     args.decode_grid = [(1, 256), (16, 256), (64, 256), (128, 256), (256, 256), (64, 1024), (256, 1024)]
     args.prefill_lens = [2048, 8192, 16384]
