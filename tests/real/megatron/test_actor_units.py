@@ -43,6 +43,9 @@ def test_actor_config_from_args_takes_the_slime_flag_names(tmp_path):
     cfg = ActorConfig.from_args(args, HF)
     assert (cfg.tensor_model_parallel_size, cfg.lr, cfg.eps_clip, cfg.eps_clip_high) == (2, 3e-4, 0.25, 0.28)
     assert cfg.use_distributed_optimizer == args.use_distributed_optimizer
+    assert cfg.offload_backend == args.train_offload_backend
+    if not torch.cuda.is_available():
+        assert cfg.torch_dtype == torch.float32  # dtype auto: fp32 on CPU, bf16 on CUDA
     assert cfg.hf_checkpoint is None
     with pytest.raises(ConfigError, match="hf-checkpoint"):
         ActorConfig.from_args(defaults("train"))
@@ -60,8 +63,9 @@ def test_metrics_fold_over_dp_heads():
 
 
 def test_offload_backend_choice():
-    if not torch.cuda.is_available():
-        assert isinstance(make_offload_backend("auto"), AccountedNoopOffload)
+    if not torch.cuda.is_available():  # on CPU every backend is the accounted no-op
+        for name in ("auto", "cumem", "torch_memory_saver"):
+            assert isinstance(make_offload_backend(name), AccountedNoopOffload)
     noop = make_offload_backend("noop")
     noop.pause(123)
     noop.resume()

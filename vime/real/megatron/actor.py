@@ -46,7 +46,7 @@ class ActorConfig:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     seed: int = 1234
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     # Policy loss (seed step 40) and the log-prob reuse decision's inputs (seed step 38).
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
@@ -63,7 +63,7 @@ class ActorConfig:
     use_rollout_routing_replay: bool = False
     calculate_per_token_loss: bool = False
     rollout_temperature: float = 1.0
-    # Offload (seed steps 37, 41): "auto" = torch_memory_saver on CUDA, accounted no-op on CPU.
+    # Offload (seed steps 37, 41): see make_offload_backend; always the accounted no-op on CPU.
     offload_backend: str = "auto"
     torch_threads: int = 1
     collective_timeout_s: float = 600.0  # a rank that never joins a collective fails the call instead of hanging
@@ -86,6 +86,9 @@ class ActorConfig:
                 continue
             if v is not None:
                 values[f.name] = v
+        backend = getattr(args, "train_offload_backend", None)
+        if backend:
+            values["offload_backend"] = backend
         if values.get("hf_checkpoint") and not os.path.isdir(values["hf_checkpoint"]):
             raise ConfigError(f"--hf-checkpoint {values['hf_checkpoint']!r} is not a directory; point it at an "
                               "HF model directory (config.json + *.safetensors)")
@@ -93,8 +96,10 @@ class ActorConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if torch.cuda.is_available() else torch.float32
         if self.dtype not in _DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r} is not one of {sorted(_DTYPES)}")
+            raise ConfigError(f"dtype {self.dtype!r} is not auto or one of {sorted(_DTYPES)}")
         return _DTYPES[self.dtype]
 
 
@@ -161,26 +166,51 @@ class TorchMemorySaverOffload:
         self.events.append("resume")
 
 
+class CuMemOffload:
+    """vime's CuMem allocator (`vime.real.cumem`, GPU): everything the trainer allocates inside
+    `region()` lives in the "params" tag; pause offloads it to persistent pinned host buffers and
+    resume maps it back at the same addresses. Not exercised on CPU (the GPU issue covers it)."""
+
+    name = "cumem"
+
+    def __init__(self) -> None:
+        from vime.real.cumem.torch_hook import trainer_cumem
+
+        self._hook = trainer_cumem(torch.cuda.current_device())
+        self.paused = False
+        self.offloaded_bytes = 0
+        self.events: list[str] = []
+
+    def region(self) -> contextlib.AbstractContextManager[None]:
+        return self._hook.region("params")
+
+    def pause(self, nbytes: int) -> None:
+        self._hook.allocator.pause(["params"])
+        self.paused = True
+        self.offloaded_bytes = nbytes
+        self.events.append("pause")
+
+    def resume(self) -> None:
+        self._hook.allocator.resume(["params"])
+        self.paused = False
+        self.offloaded_bytes = 0
+        self.events.append("resume")
+
+
 def make_offload_backend(name: str) -> Any:
-    """The hook that picks the trainer's sleep/wake implementation.
+    """The hook that picks the trainer's sleep/wake implementation (Args: --train-offload-backend).
 
-    "auto": torch_memory_saver with CUDA, the accounted no-op without. "cumem": vime's own CuMem
-    allocator (`vime.real.cumem`, must expose `TrainerOffload` with region/pause/resume).
+    Without CUDA every choice becomes the accounted no-op. With CUDA: "cumem" (vime's allocator,
+    the default of `vime.config`), "torch_memory_saver", or "auto" (= torch_memory_saver).
     """
-    if name == "auto":
-        name = "torch_memory_saver" if torch.cuda.is_available() else "noop"
-    if name == "noop":
+    known = ("auto", "noop", "cumem", "torch_memory_saver")
+    if name not in known:
+        raise ConfigError(f"offload backend {name!r} is unknown; use one of {', '.join(known)}")
+    if name == "noop" or not torch.cuda.is_available():
         return AccountedNoopOffload()
-    if name == "torch_memory_saver":
-        return TorchMemorySaverOffload()
     if name == "cumem":
-        try:
-            import vime.real.cumem as cumem
-
-            return cumem.TrainerOffload()  # type: ignore[attr-defined]
-        except (ImportError, AttributeError) as exc:
-            raise TrainerError("offload_backend='cumem' needs vime.real.cumem.TrainerOffload") from exc
-    raise ConfigError(f"offload backend {name!r} is unknown; use auto, noop, torch_memory_saver or cumem")
+        return CuMemOffload()
+    return TorchMemorySaverOffload()
 
 
 # --------------------------------------------------------------------------------------------

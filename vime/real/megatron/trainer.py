@@ -9,6 +9,7 @@ torch.distributed and build its model. After that each protocol call fans out to
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -77,6 +78,16 @@ class MegatronTrainer:
             ray.util.remove_placement_group(pg)
             raise
         return cls(actors, cfg, ranks=ranks, placement_group=pg, plan=plan)
+
+    @classmethod
+    def from_args(cls, args: Any, *, address: str | None = None,
+                  hf_config: dict[str, Any] | None = None) -> MegatronTrainer:
+        """The trainer of a `vime train --backend real` run: one rank per trainer GPU
+        (--actor-num-nodes × --actor-num-gpus-per-node), model from --hf-checkpoint, placement per
+        --colocate. Joins the Ray cluster at `address` (or $RAY_ADDRESS) when one is given."""
+        cfg = ActorConfig.from_args(args, hf_config)
+        world = int(args.actor_num_nodes) * int(args.actor_num_gpus_per_node)
+        return cls.launch(cfg, world, args=args, address=address or os.environ.get("RAY_ADDRESS"))
 
     def shutdown(self) -> None:
         """Kill the actors and release their placement group."""
