@@ -10,7 +10,8 @@ the virtual clock) are the simulator's share; vime's own code (orchestrator, rol
 filter, batch builder, the algo helpers, Sample) is vime's share. Library and built-in frames
 (asyncio, copy, numpy ...) count for the side that called them; event-loop time outside any
 task counts as vime's. A sampler, unlike cProfile, does not inflate code made of many tiny
-calls (per-token loops). The share is applied to the unsampled wall time of the same step.
+calls (per-token loops). The share is applied to the CPU time of the same step run unsampled
+(CPU, not wall: on a shared machine, waiting for a core is nobody's cost).
 
 - seed: 8 GPUs, 4 engines, 32 prompts × 8 = 256 samples ≤ 1024 tokens.
 - large: 64 GPUs, 64 engines of 1 GPU, 1024 prompts × 8 = 8192 samples ≤ 1024 tokens.
@@ -90,12 +91,12 @@ class _StepWindow:
     def __init__(self, rollout_id: int, sampler: StackSampler | None) -> None:
         self.rollout_id = rollout_id
         self.sampler = sampler
-        self.t0 = 0.0
-        self.t1 = 0.0
+        self.t0 = self.c0 = 0.0
+        self.t1 = self.c1 = 0.0
 
     def on_phase(self, name: str, begin: bool, t: float, rollout_id: int | None) -> None:
         if name == "rollout" and begin and rollout_id == self.rollout_id:
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
             if self.sampler is not None:
                 self.sampler.start()
 
@@ -106,30 +107,33 @@ class _StepWindow:
         if report.rollout_id == self.rollout_id:
             if self.sampler is not None:
                 self.sampler.stop()
-            self.t1 = time.perf_counter()
+            self.t1, self.c1 = time.perf_counter(), time.process_time()
 
 
-def run_step(name: str, *, sample: bool) -> tuple[float, StackSampler | None, Any]:
-    """Wall seconds of the second step (the first warms caches), its samples, and the run."""
+def run_step(name: str, *, sample: bool) -> tuple[float, float, StackSampler | None, Any]:
+    """Wall and CPU seconds of the second step (the first warms caches), its stack samples, and the run."""
     args = scenario_args(name)
     sampler = StackSampler() if sample else None
     window = _StepWindow(1, sampler)
     run = simulate_training(args, observers=[window], on_step=window.on_step)
-    return window.t1 - window.t0, sampler, run
+    return window.t1 - window.t0, window.c1 - window.c0, sampler, run
 
 
 def measure(name: str) -> dict[str, float]:
-    """vime's own cost of one step: unsampled wall × vime's share of the stack samples."""
-    wall, _, run = run_step(name, sample=False)
-    _, sampler, _ = run_step(name, sample=True)
+    """vime's own cost of one step: the step's CPU time × vime's share of the stack samples.
+
+    CPU time (not wall) because this machine is shared: waiting for a core is nobody's cost.
+    """
+    wall, cpu, _, run = run_step(name, sample=False)
+    _, _, sampler, _ = run_step(name, sample=True)
     assert sampler is not None
     total = sampler.counts["vime"] + sampler.counts["sim"]
     share = sampler.counts["vime"] / total
     samples = run.report.steps[1].num_samples
-    vime_s = wall * share
-    return {"samples": samples, "wall_ms": 1e3 * wall, "vime_share": share, "vime_ms": 1e3 * vime_s,
-            "vime_ms_per_100": 1e5 * vime_s / samples, "virtual_step_s": run.report.steps[1].t_step,
-            "stack_samples": total}
+    vime_s = cpu * share
+    return {"samples": samples, "wall_ms": 1e3 * wall, "cpu_ms": 1e3 * cpu, "vime_share": share,
+            "vime_ms": 1e3 * vime_s, "vime_ms_per_100": 1e5 * vime_s / samples,
+            "virtual_step_s": run.report.steps[1].t_step, "stack_samples": total}
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -147,6 +151,6 @@ def test_vime_cost_per_step(benchmark: Any, name: str) -> None:
 if __name__ == "__main__":
     for scenario in SCENARIOS:
         r = measure(scenario)
-        print(f"{scenario:>11}: {r['samples']:5d} samples  step wall {r['wall_ms']:8.1f} ms  "
+        print(f"{scenario:>11}: {r['samples']:5d} samples  step wall {r['wall_ms']:8.1f} ms  cpu {r['cpu_ms']:8.1f} ms  "
               f"vime {r['vime_ms']:7.1f} ms ({100 * r['vime_share']:4.1f}%)  "
               f"{r['vime_ms_per_100']:.2f} ms per 100 samples  (virtual step {r['virtual_step_s']:.1f} s)")
