@@ -391,3 +391,35 @@ def test_vime_train_backend_real_without_a_checkpoint_fails_clearly():
     assert proc.returncode == 2
     assert "configuration error" in proc.stderr and "--hf-checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_without_colocation_nothing_sleeps_and_weights_still_flow():
+    args = seed_args(num_rollout=2, colocate=False, rollout_num_gpus=8)
+    run, log, batches, _ = recorded_run(args)
+    calls = {(comp, call) for comp, call, _ in log}
+    assert ("engines", "sleep") not in calls and ("engines", "wake_up") not in calls
+    assert ("trainer", "sleep") not in calls and ("trainer", "wake_up") not in calls
+    steps = run.report.steps
+    assert all(s.sleep_level is None and s.t_onload_weights == 0 and s.t_onload_kv == 0 for s in steps)
+    assert [s.rollout_weight_version for s in steps] == ["1", "2"]
+    assert all(len(b) == 256 and b.num_microbatches == [8] for b in batches)
+    for s in steps:
+        assert math.isclose(s.t_step, sum(s.phases().values()) + s.t_gap, rel_tol=1e-12)
+
+
+def test_engines_that_do_not_receive_weights_sleep_at_level_1():
+    from vime.cli_train import build_sim_orchestrator
+    from vime.sim.backends import build_sim_backends
+
+    args = seed_args(num_rollout=1)
+    backends = build_sim_backends(args, start=False)
+    orch = build_sim_orchestrator(args, backends)
+    orch.engines_receive_weights = False
+
+    async def main() -> Any:
+        await backends.start()
+        return await orch.run()
+
+    report = clock.run(main(), env=backends.env)
+    assert report.steps[0].sleep_level == 1
+    assert all(e.lifecycle.memory.value == "awake" for e in backends.engines)
