@@ -488,6 +488,19 @@ def test_weight_version_falls_back_to_responses_without_weight_info():
     assert eng.behaviour["weight_info"].startswith("absent")
 
 
+def test_weight_version_of_a_server_without_route_or_response_versions():
+    """vLLM 0.25.1: no /weight_info, no version in responses → the version this client finished."""
+    body = generate_response([1], version=None)
+    fake = FakeVLLM(routes={("GET", "/weight_info"): answer(404, {"detail": "Not Found"}),
+                            ("POST", "/inference/v1/generate"): answer(200, body)})
+    eng = make(fake)
+    run(eng.start_weight_update())
+    run(eng.finish_weight_update(6))
+    assert run(eng.generate(GenerateRequest([1], dict(SP)))).weight_version is None
+    assert eng.behaviour["weight_version"] == "absent"
+    assert run(eng.weight_version()) == "6"
+
+
 def test_weight_version_other_errors_propagate():
     fake = FakeVLLM(routes={("GET", "/weight_info"): answer(500, {"error": "dead"})})
     with pytest.raises(EngineError, match="dead"):

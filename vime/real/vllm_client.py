@@ -445,13 +445,17 @@ class VLLMEngine:
         return list(self._field(call, data, "results", list))
 
     async def weight_version(self) -> str | None:
-        """GET /weight_info when the server has it, else the version seen on the last response."""
+        """GET /weight_info when the server has it; else the version seen on the last response; else
+        the version this client last finished (vLLM 0.25.1 has neither the route nor versions in responses)."""
         try:
             resp = await self._request("weight_version", "GET", "/weight_info", timeout=self.control_timeout_s)
         except EngineError as exc:
             if exc.status == 404:
-                self.behaviour["weight_info"] = "absent (version from responses)"
-                return self.last_response_version
+                self.behaviour["weight_info"] = "absent (version from responses or this client's record)"
+                if self.last_response_version is not None:
+                    return self.last_response_version
+                v = self.lifecycle.weight_version
+                return None if v is None else str(v)
             raise
         self.behaviour["weight_info"] = "route"
         value = self._field("weight_version", self._json("weight_version", resp), "weight_version", (str, int))
