@@ -423,3 +423,13 @@ def test_engines_that_do_not_receive_weights_sleep_at_level_1():
     report = clock.run(main(), env=backends.env)
     assert report.steps[0].sleep_level == 1
     assert all(e.lifecycle.memory.value == "awake" for e in backends.engines)
+
+
+def test_orchestration_imports_no_backend():
+    """DESIGN.md: the orchestrator and the rollout never import vime.sim or vime.real; backends are passed in."""
+    code = ("import sys, vime.orchestrator, vime.weight_sync, vime.rollout.generate, vime.rollout.data_source, "
+            "vime.rollout.rm_hub, vime.rollout.filters, vime.rollout.batch_builder; "
+            "print(sorted(m for m in sys.modules if m.startswith(('vime.sim', 'vime.real'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.stdout.strip() == "[]"
