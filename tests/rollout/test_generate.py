@@ -219,3 +219,19 @@ def test_same_seed_same_rollout():
         return ([(s.index, s.reward, s.response_length) for s in out.samples], out.stats.as_dict())
 
     assert once() == once()
+
+
+def test_a_failing_abort_is_recorded_and_the_rollout_still_ends():
+    from vime.errors import EngineError
+
+    class BrokenAbort(FakeRouter):
+        async def abort_all(self):
+            await super().abort_all()
+            raise EngineError("e3", "abort", "connection refused")
+
+    args = make_args(rollout_batch_size=2, over_sampling_batch_size=4)
+    router = BrokenAbort(duration=lambda req: 1.0 if int(req.request_id.split("-s")[1]) < 16 else 50.0)
+    source = make_source(args)
+    out = clock.run(make_rollout(args, router).generate_rollout(0, source))
+    assert out.stats.kept_groups == 2 and out.stats.returned_groups == 2
+    assert any("connection refused" in e for e in out.stats.engine_errors)

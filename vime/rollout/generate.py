@@ -269,7 +269,10 @@ class Rollout:
         groups = list(leftovers)
         leftovers.clear()
         if state.pendings:
-            await self.router.abort_all()
+            try:
+                await self.router.abort_all()
+            except EngineError as exc:  # an engine that cannot abort is waited for (bounded) below
+                state.stats.engine_errors.append(f"abort_all: {exc}")
             tasks = list(state.pendings)
             done, still = await asyncio.wait(tasks, timeout=self.abort_timeout_s)
             for task in still:  # an engine that ignores the abort must not hang the run
