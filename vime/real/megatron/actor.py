@@ -544,7 +544,8 @@ class MegatronActor:
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
                 reduced = self._run_schedule(mbs, False, self._loss)
-                ok, grad_norm, _ = self.optimizer.step()
+                with self.offload.region():  # Adam's moments are created by the first step
+                    ok, grad_norm, _ = self.optimizer.step()
                 if not ok:
                     raise TrainerError(f"rank {self.rank}: optimizer step {step} of rollout {rollout_id} "
                                        "was skipped (non-finite gradients)")
