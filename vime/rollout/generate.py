@@ -229,12 +229,13 @@ class Rollout:
                 elif isinstance(exc, Exception):
                     exc.add_note(f"vime: {note}")
             raise
+        else:
+            returned = await self._abort(state, leftovers)  # seed step 28
+            if returned:
+                data_source.add_samples(returned)
         finally:
             bar.close()
             self._state = None
-        returned = await self._abort(state, leftovers)
-        if returned:
-            data_source.add_samples(returned)
         self._finalize(stats, data)
         return RolloutOutput(data, stats)
 
@@ -318,7 +319,9 @@ class Rollout:
         if sample.status in _DONE and sample.reward is not None:
             return sample
         state = self._state
-        assert state is not None
+        if state is None:  # the rollout has ended; nothing may start any more
+            sample.status = SampleStatus.ABORTED
+            return sample
         async with state.semaphore:
             if state.aborted:
                 sample.status = SampleStatus.ABORTED
