@@ -294,6 +294,7 @@ def test_eval_and_checkpoints_every_interval(tmp_path: Path):
     assert state["rollout_id"] == 2 and state["weight_version"] == 3
     assert state["data_source"]["sample_group_index"] == 96
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert json.loads((tmp_path / "rollout_state.json").read_text()) == state  # the newest, above the iter dirs
     for s in steps:
         assert math.isclose(s.t_step, sum(s.phases().values()) + s.t_save + s.t_eval + s.t_gap, rel_tol=1e-12)
 

@@ -443,9 +443,12 @@ class Orchestrator:
                  "data_source": self.data_source.state_dict()}
         with open(os.path.join(path, "rollout_state.json"), "w", encoding="utf-8") as fh:
             json.dump(state, fh)
-        # Megatron's marker of the newest checkpoint, so --load can name the directory above
+        # Megatron's marker of the newest checkpoint, so --load can name the directory above; the
+        # newest rollout state sits there too (what real backends read before start-up)
         with open(os.path.join(self.args.save, LATEST_FILE), "w", encoding="utf-8") as fh:
             fh.write(str(rollout_id))
+        with open(os.path.join(self.args.save, "rollout_state.json"), "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
 
     async def _load_checkpoint(self, report: StartupReport) -> None:
         load = getattr(self.args, "load", None)
