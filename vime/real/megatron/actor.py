@@ -517,24 +517,22 @@ class MegatronActor:
             self.model.train()
         return [out[i] for i in range(len(batch.tokens))]
 
-    def can_reuse_log_probs(self, num_microbatches: Sequence[int]) -> bool:
-        """Seed step 38's decision, from vime.algo."""
-        from vime.algo.logprob_reuse import can_reuse_log_probs_in_loss
-
-        return bool(can_reuse_log_probs_in_loss(self.cfg, num_microbatches))
-
     def train(self, rollout_id: int, batch: Any) -> dict[str, Any]:
         """One rollout on this rank's partition (`vime.types.RankBatch`): seed steps 38–41."""
         self._check_awake("train")
         t0 = time.perf_counter()
         with compat.device_mode():
             num_mb = list(batch.num_microbatches)
-            reuse = self.can_reuse_log_probs(num_mb)
-            old = None
-            if not reuse:
-                old = self._log_probs(batch, batch.micro_batch_indices)  # seed step 38
-                if self.cfg.use_rollout_logprobs and batch.rollout_log_probs is not None:
-                    old = [torch.as_tensor(x, dtype=torch.float32) for x in batch.rollout_log_probs]
+            from vime.algo.logprob_reuse import needs_log_prob_recompute
+
+            recompute = needs_log_prob_recompute(self.cfg, num_mb)  # seed step 38
+            old = self._log_probs(batch, batch.micro_batch_indices) if recompute else None
+            if self.cfg.use_rollout_logprobs:
+                if batch.rollout_log_probs is None:
+                    raise ConfigError("--use-rollout-logprobs needs the engines' log-probs in the batch, "
+                                      "but rollout_log_probs is None")
+                old = [torch.as_tensor(x, dtype=torch.float32, device=self._device())
+                       for x in batch.rollout_log_probs]
             sums = {"loss": 0.0, "pg_clipfrac": 0.0, "entropy": 0.0, "rows": 0.0}
             grad_norms, tokens = [], 0
             for step in range(len(num_mb)):
@@ -558,7 +556,7 @@ class MegatronActor:
         rows = max(sums["rows"], 1.0)
         return {"rollout_id": rollout_id, "loss": sums["loss"] / rows, "pg_clipfrac": sums["pg_clipfrac"] / rows,
                 "entropy": sums["entropy"] / rows, "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-                "tokens": tokens, "num_steps": len(num_mb), "recomputed_log_probs": not reuse,
+                "tokens": tokens, "num_steps": len(num_mb), "recomputed_log_probs": recompute,
                 "train_time": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
                 "dp_rank": self.dp_rank, "tp_rank": self.tp_rank}
 
