@@ -270,7 +270,9 @@ class DataConfig:
     prompt_data: str | None = opt(None, "JSONL prompt dataset", metavar="PATH")
     input_key: str = opt("prompt", "dataset field holding the prompt")
     label_key: str = opt("label", "dataset field holding the label")
-    rm_type: str | None = opt(None, "built-in reward model type (e.g. math, deepscaler)")
+    rm_type: str | None = opt(None, "reward: math, exact, token (target id in the response), remote "
+                                    "(HTTP reward model, with --rm-url) or sim (the simulator's seeded reward)")
+    rm_url: str | None = opt(None, "URL of a remote reward model for --rm-type remote", metavar="URL")
     custom_rm_path: str | None = opt(None, "module.function computing the reward", metavar="PATH")
     group_rm: bool = opt(False, "compute rewards once per finished group (batched)")
 
