@@ -91,10 +91,12 @@ class Sample:
                 f"sample {self.index} is inconsistent before append: response_length "
                 f"{self.response_length}, loss_mask {len(self.loss_mask)}, rollout_log_probs "
                 f"{len(self.rollout_log_probs)}; build samples only through append_response_tokens")
-        self.tokens.extend(int(t) for t in tokens)
+        # map() rather than a generator: this runs for every generated token (the hot spot of
+        # vime's own per-step cost), and the conversion keeps numpy scalars out of the sample.
+        self.tokens.extend(map(int, tokens))
         self.response_length += n
         self.loss_mask.extend([1 if trainable else 0] * n)
-        self.rollout_log_probs.extend(float(x) for x in log_probs)
+        self.rollout_log_probs.extend(map(float, log_probs))
         self.response += text
         if meta_info:
             version = meta_info.get("weight_version")
