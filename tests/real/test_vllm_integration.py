@@ -237,7 +237,11 @@ def test_reload_weights_from_disk_changes_outputs(cluster: Cluster):
             before = await eng.generate(prompt)
             await eng.reload_weights_from_disk(str(cluster.alt_model), 21)
             alt = await eng.generate(prompt)
+            # issue 8's disk sync: pause(abort) → flush → reload → new version → resume
+            await eng.pause("abort")
+            await eng.flush_cache()
             await eng.reload_weights_from_disk(str(cluster.model), 22)
+            await eng.resume()
             back = await eng.generate(prompt)
             return before, alt, back
     before, alt, back = run(main())
