@@ -118,3 +118,12 @@ def test_256_concurrent_generates_local_socket_stub(benchmark):
     """256 in flight at once (the seed's rollout: 32 prompts × 8 samples), 512 requests per round."""
     benchmark.pedantic(lambda: _run_against_stub(256, 512), rounds=3, iterations=1, warmup_rounds=0)
     _report(benchmark, 512)
+
+
+def test_engine_construction_1024_concurrency(benchmark):
+    """Building a client for 1024 in-flight requests (128 pool shards sharing one SSL context)."""
+    def build():
+        eng = VLLMEngine("e0", "http://127.0.0.1:1", max_concurrency=1024)
+        asyncio.run(eng.aclose())
+    benchmark.pedantic(build, rounds=5, iterations=1, warmup_rounds=1)
+    _report(benchmark, 1)
