@@ -215,6 +215,10 @@ def main() -> int:
     for r, p in zip(rows, preset_rows, strict=True):
         r["predicted_preset"] = p["predicted"]
         r["error_pct_preset"] = p["error_pct"]
+    first = {}
+    for i, r in enumerate(rows):
+        first.setdefault(r["group"], i)
+    rows.sort(key=lambda r: first[r["group"]])  # stable: rows keep their order inside a group
     group = None
     print(f"{'quantity':58s} {'measured':>12s} {'predicted':>12s} {'err %':>8s} {'preset':>12s} {'err %':>8s}")
     for r in rows:
