@@ -350,6 +350,10 @@ class MegatronActor:
             self.spec, tp=self.tp, dtype=cfg.torch_dtype, cpu_init=self.cpu,
             calculate_per_token_loss=False)
         module = mmodel.build_gpt_model(self.spec, self.tf_config)
+        if cfg.torch_dtype != torch.float32:
+            # What Megatron-LM's Float16Module does: the local spec's torch RMSNorm keeps fp32
+            # weights otherwise, and bf16 activations through fp32 norm weights miss the fused kernel.
+            module = module.to(cfg.torch_dtype)
         if not self.cpu:
             module = module.cuda()
         ddp_config = DistributedDataParallelConfig(
