@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Split a folder into <= 60 MiB parts with a checksum list, and join them back (issue 9).
+# One device call carries at most 64 MiB, so what must travel goes as parts, one or two per call.
+#   bash scripts/h200x8/parts.sh pack   SRC_DIR PARTS_DIR PREFIX [BYTES]   tar of SRC_DIR's contents -> PREFIX-aa, -ab ...
+#   bash scripts/h200x8/parts.sh verify PARTS_DIR PREFIX                   every listed part present, sums right
+#   bash scripts/h200x8/parts.sh unpack PARTS_DIR PREFIX DEST              verify, then join and untar into DEST
+# PREFIX.sha256 lists every part, so a part that never arrived is an error, not silently skipped.
+set -euo pipefail
+cmd=${1:?usage: parts.sh pack|verify|unpack ...}
+shift
+case "$cmd" in
+  pack)
+    src=${1:?SRC_DIR}; dir=${2:?PARTS_DIR}; prefix=${3:?PREFIX}; bytes=${4:-62914560}
+    mkdir -p "$dir"
+    rm -f "$dir/$prefix"-?? "$dir/$prefix.sha256"
+    tar cf - -C "$src" . | split -b "$bytes" - "$dir/$prefix-"
+    (cd "$dir" && sha256sum "$prefix"-?? > "$prefix.sha256")
+    cat "$dir/$prefix.sha256"
+    ;;
+  verify)
+    dir=${1:?PARTS_DIR}; prefix=${2:?PREFIX}
+    [ -f "$dir/$prefix.sha256" ] || { echo "no $dir/$prefix.sha256: ship the parts first" >&2; exit 3; }
+    if ! (cd "$dir" && sha256sum --quiet -c "$prefix.sha256"); then
+      echo "parts of $prefix missing or corrupt in $dir (machine went cold between calls?): ship them again" >&2
+      ls -la "$dir" >&2
+      exit 3
+    fi
+    ;;
+  unpack)
+    dir=${1:?PARTS_DIR}; prefix=${2:?PREFIX}; dest=${3:?DEST}
+    bash "$0" verify "$dir" "$prefix"
+    mkdir -p "$dest"
+    # join in the order the checksum list gives (split's suffixes sort as written)
+    (cd "$dir" && awk '{print $2}' "$prefix.sha256" | xargs cat) | tar xf - -C "$dest"
+    ;;
+  *)
+    echo "unknown command $cmd: use pack, verify or unpack" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,264 @@
+"""CPU checks of the 8-GPU seed run's plan (issue 9): its arguments, the simulator's prediction, compare.py, the parts."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import re
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from vime.cli import main as vime_main
+
+ROOT = Path(__file__).resolve().parents[1]
+X8 = ROOT / "scripts" / "h200x8"
+PHASES = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"h200x8_{name}", X8 / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+compare_mod = _load("compare")
+
+
+def _lines(*args: str) -> list[str]:
+    out = subprocess.run(["bash", str(X8 / "run_seed.sh"), *args], capture_output=True, text=True, check=True,
+                         timeout=60)
+    return out.stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The seed model's config.json (no weights: enough for --dry-run and the simulator)."""
+    seed_model = _load("seed_model")
+    d = tmp_path_factory.mktemp("seed-model")
+    seed_model.write_config(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def planned(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
+    prompts = tmp_path_factory.mktemp("prompts") / "toy.jsonl"
+    return _lines("--print-args", str(model_dir), str(prompts)), _lines("--print-train-only")
+
+
+def _run_cli(argv: list[str]) -> tuple[int, str]:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = vime_main(argv)
+    return rc, buf.getvalue()
+
+
+def _opt(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+@pytest.fixture(scope="module")
+def prediction(planned: tuple[list[str], list[str]]) -> dict:
+    rc, out = _run_cli(["simulate", *planned[0]])
+    assert rc == 0
+    return json.loads(out)
+
+
+def test_train_accepts_the_planned_arguments_and_resolves_the_seed_layout(planned: tuple[list[str], list[str]]) -> None:
+    shared, train_only = planned
+    rc, out = _run_cli(["train", "--backend", "real", *shared, *train_only, "--dry-run"])
+    assert rc == 0
+    cfg = json.loads(out)  # --json is among the planned flags
+    gpus = int(_opt(shared, "--actor-num-gpus-per-node"))
+    tp = int(_opt(shared, "--tensor-model-parallel-size"))
+    per_engine = int(_opt(shared, "--rollout-num-gpus-per-engine"))
+    assert (gpus, tp, per_engine) == (8, 2, 2)
+    assert cfg["backend"] == "real" and cfg["colocate"] and cfg["offload_train"] and cfg["offload_rollout"]
+    assert cfg["actor_num_gpus"] == gpus and cfg["data_parallel_size"] == gpus // tp == 4
+    assert cfg["rollout_num_engines"] == int(_opt(shared, "--rollout-num-gpus")) // per_engine == 4
+    assert cfg["samples_per_rollout"] == int(_opt(shared, "--rollout-batch-size")) * int(
+        _opt(shared, "--n-samples-per-prompt")) == 32 * 8
+    assert cfg["rollout_max_response_len"] == 1024 and cfg["advantage_estimator"] == "grpo"
+    assert cfg["num_rollout"] == 3 and cfg["update_weight_mode"] == "tensor"
+    assert cfg["custom_rm_path"] == _opt(train_only, "--custom-rm-path")
+
+
+def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict, model_dir: Path) -> None:
+    profile = json.loads((ROOT / "bench/data/H200-141G-measured.json").read_text())
+    assert prediction["schema"] == "vime.simulate/1"
+    assert prediction["hardware"]["name"] == profile["name"]
+    model = json.loads((model_dir / "config.json").read_text())
+    assert prediction["model"]["layers"] == model["num_hidden_layers"]
+    assert prediction["model"]["hidden_size"] == model["hidden_size"]
+    assert prediction["config"]["data_parallel_size"] == 4 and prediction["config"]["rollout_num_engines"] == 4
+    assert [s["rollout_id"] for s in prediction["steps"]] == [0, 1, 2]
+    for step in prediction["steps"]:
+        assert set(step["phases"]) == set(PHASES)
+        assert all(v > 0 for v in step["phases"].values()), step["phases"]
+        assert step["metrics"]["rollout/kept_samples"] == 256
+    assert prediction["verdict"]  # the simulator found the plan feasible or says why not
+    assert not any("OOM" in str(v) for v in prediction["verdict"].values()), prediction["verdict"]
+
+
+def test_simulate_is_deterministic_for_the_planned_arguments(planned: tuple[list[str], list[str]],
+                                                             prediction: dict) -> None:
+    rc, out = _run_cli(["simulate", *planned[0]])
+    again = json.loads(out)
+    assert rc == 0
+    for doc in (again, prediction):
+        doc.pop("wall_s", None)
+    assert again == prediction
+
+
+def _measured_from(prediction: dict, factors: dict[str, float], start: float = 1000.0) -> list[dict]:
+    """A synthetic `vime train --json` log: the prediction's phases scaled per phase, step lines stamped."""
+    lines = [{"event": "run", "backend": "real"},
+             {"event": "startup", **prediction["startup"], "t_total": prediction["startup"]["t_total"] * 2}]
+    t = start
+    for s in prediction["steps"]:
+        phases = {k: v * factors[k] for k, v in s["phases"].items()}
+        t += sum(phases.values())
+        lines.append({"event": "step", "rollout_id": s["rollout_id"], "phases": phases, "t_gap": 0.0,
+                      "t_step": sum(phases.values()), "metrics": dict(s["metrics"]), "wall_time": t})
+    return lines
+
+
+def test_compare_reports_the_error_of_each_phase(prediction: dict) -> None:
+    factors = dict(zip(PHASES, (1.25, 0.5, 2.0, 1.0, 4.0, 0.8), strict=True))
+    measured = _measured_from(prediction, factors)
+    startup = next(x for x in measured if x["event"] == "startup")
+    doc = compare_mod.compare(startup, [x for x in measured if x["event"] == "step"], prediction)
+    assert doc["ok"], doc["problems"]
+    for step in doc["steps"]:
+        for ph, f in factors.items():
+            assert step["phases"][ph]["error_pct"] == pytest.approx(100 * (1 / f - 1))
+    assert doc["startup"]["t_total"]["error_pct"] == pytest.approx(-50.0)
+    assert doc["mean_steady_steps"]["train"]["error_pct"] == pytest.approx(-50.0)
+    assert doc["weight_versions"]["seen"] == [1.0, 2.0, 3.0]
+    assert "PROBLEMS" not in compare_mod.format_table(doc)
+
+
+def test_compare_flags_missing_steps_wrong_versions_and_drifting_memory(prediction: dict) -> None:
+    measured = [x for x in _measured_from(prediction, dict.fromkeys(PHASES, 1.0)) if x["event"] == "step"]
+    startup = {"weight_version": 1}
+    ends = [m["wall_time"] for m in measured]
+    steady = {0: [(t + 0.5, 70_000.0 + i) for i, t in enumerate(ends)], 1: [(t + 0.5, 69_000.0) for t in ends]}
+    doc = compare_mod.compare(startup, measured, prediction, steady, tolerance_mib=1024)
+    assert doc["ok"] and doc["memory"]["steady"]
+    assert doc["memory"]["gpus"]["0"]["used_mib_after_step"] == [70_000.0, 70_001.0, 70_002.0]
+
+    drifting = {0: [(t + 0.5, 70_000.0 + 2048 * i) for i, t in enumerate(ends)]}
+    doc = compare_mod.compare(startup, measured, prediction, drifting, tolerance_mib=1024)
+    assert not doc["ok"] and not doc["memory"]["steady"]
+
+    stale = [dict(m, metrics={**m["metrics"], "rollout/weight_version": 1.0}) for m in measured]
+    doc = compare_mod.compare(startup, stale, prediction)
+    assert not doc["weight_versions"]["ok"] and not doc["ok"]
+
+    doc = compare_mod.compare(startup, measured[:2], prediction)
+    assert any("not measured" in p for p in doc["problems"])
+
+
+def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tuple[list[str], list[str]],
+                                                                     prediction: dict, tmp_path: Path) -> None:
+    """`vime train --backend sim` emits the same JSON lines the real backend does: the whole pipe works, error ~0."""
+    train = subprocess.run([sys.executable, "-m", "vime.cli", "train", "--backend", "sim", *planned[0]],
+                           capture_output=True, text=True, check=True, timeout=120, cwd=ROOT)
+    stamped = subprocess.run([sys.executable, str(X8 / "compare.py"), "stamp"], input=train.stdout,
+                             capture_output=True, text=True, check=True, timeout=60)
+    (tmp_path / "train.jsonl").write_text(stamped.stdout)
+    (tmp_path / "sim.json").write_text(json.dumps(prediction))
+    t0 = max(json.loads(x)["wall_time"] for x in stamped.stdout.splitlines())
+    (tmp_path / "mem.csv").write_text("".join(f"{t0 + 0.1 + k},{g},5000\n" for k in range(3) for g in range(8))
+                                      + "garbage line\n")
+    res = subprocess.run([sys.executable, str(X8 / "compare.py"), "compare", "--train", str(tmp_path / "train.jsonl"),
+                          "--sim", str(tmp_path / "sim.json"), "--mem", str(tmp_path / "mem.csv"),
+                          "--out", str(tmp_path / "cmp.json")], capture_output=True, text=True, timeout=60)
+    doc = json.loads((tmp_path / "cmp.json").read_text())
+    assert len(doc["steps"]) == 3
+    for s in doc["steps"]:
+        for ph in PHASES:
+            assert abs(s["phases"][ph]["error_pct"]) < 0.01  # simulate rounds phases to 1 µs
+    assert set(doc["memory"]["gpus"]) == {str(g) for g in range(8)}
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "OK" in res.stdout
+
+
+def test_compare_cli_rejects_unreadable_input(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, str(X8 / "compare.py"), "compare", "--train", str(tmp_path / "none"),
+                          "--sim", str(tmp_path / "none.json")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "cannot read" in res.stderr
+
+
+def _parts(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(X8 / "parts.sh"), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_parts_round_trip_and_refuse_missing_or_corrupt_parts(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "wheels").mkdir(parents=True)
+    payload = bytes(range(256)) * 1200  # 300 KiB
+    (src / "wheels" / "a.whl").write_bytes(payload)
+    (src / "VIME_COMMIT").write_text("abc\n")
+    assert _parts("pack", str(src), str(tmp_path / "parts"), "x8", "100000").returncode == 0
+    names = sorted(p.name for p in (tmp_path / "parts").iterdir())
+    listed = [ln.split()[1] for ln in (tmp_path / "parts" / "x8.sha256").read_text().splitlines()]
+    assert listed == [n for n in names if n != "x8.sha256"] and len(listed) >= 3
+    assert all((tmp_path / "parts" / n).stat().st_size <= 100000 for n in listed)
+    assert _parts("unpack", str(tmp_path / "parts"), "x8", str(tmp_path / "out")).returncode == 0
+    assert (tmp_path / "out" / "wheels" / "a.whl").read_bytes() == payload
+    assert (tmp_path / "out" / "VIME_COMMIT").read_text() == "abc\n"
+
+    victim = tmp_path / "parts" / listed[1]
+    data = bytearray(victim.read_bytes())
+    data[10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    res = _parts("unpack", str(tmp_path / "parts"), "x8", str(tmp_path / "out2"))
+    assert res.returncode == 3 and "ship them again" in res.stderr
+    victim.unlink()
+    assert _parts("verify", str(tmp_path / "parts"), "x8").returncode == 3
+    assert _parts("verify", str(tmp_path / "nothing"), "x8").returncode == 3
+
+
+def test_prepare_pins_one_version_of_each_package_beside_the_vllm_set() -> None:
+    reqs = subprocess.run(["bash", str(X8 / "prepare.sh"), "--list"], capture_output=True, text=True, check=True,
+                          timeout=60).stdout.split()
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "_", name).lower()
+
+    names = [norm(r.split("==")[0]) for r in reqs]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", r) for r in reqs), reqs
+    assert len(set(names)) == len(names)
+    assert {"ray", "vllm_router", "megatron_core", "simpy"} <= set(names)
+    vllm_text = (ROOT / "scripts/h200/prepare_vllm.sh").read_text()
+    block = re.search(r"-d \$G/vllm-wheels \\\n(.*?[^\\])\n", vllm_text, re.S)  # the vLLM set's download
+    assert block is not None
+    vllm_names = {norm(m) for m in re.findall(r"([A-Za-z0-9_.-]+)==[0-9]", block.group(1))}
+    assert {"vllm", "annotated_types", "xgrammar"} <= vllm_names  # the whole block, first to last
+    assert not set(names) & vllm_names
+
+
+def test_seed_model_config_is_what_the_builder_writes(tmp_path: Path) -> None:
+    """hf_config mirrors build_tiny_qwen3 (checked on a one-layer build) and keeps TP 2 even."""
+    seed_model = _load("seed_model")
+    from vime.real.tiny_model import build_tiny_qwen3
+
+    small = seed_model.one_layer()
+    built = json.loads((build_tiny_qwen3(tmp_path / "m", small) / "config.json").read_text())
+    built.pop("transformers_version", None)
+    assert built == seed_model.hf_config(small)
+    full = seed_model.hf_config()
+    assert full["hidden_size"] >= 1024 and full["num_attention_heads"] % 2 == 0
+    assert full["num_key_value_heads"] % 2 == 0 and full["vocab_size"] == seed_model.SPEC.vocab_size
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "m" / "tokenizer.json"))
+    assert tok.get_vocab_size() == full["vocab_size"]  # every id the toy task or the model emits decodes
+    assert tok.token_to_id("<|endoftext|>") == full["eos_token_id"]
