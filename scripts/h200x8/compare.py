@@ -13,7 +13,7 @@ Two commands:
         the mean over all steps and over the steady steps (rollout id >= 1); the weight versions the
         responses carried (must rise by one per step from start-up's); and, from the memory samples
         (CSV ``epoch,gpu_index,used_mib``), each GPU's memory just after each step and whether it
-        came back to the same level (spread within the tolerance).
+        came back to the same level (spread within the tolerance), and its peak next to the simulator's.
 
 Exit status: 0 when the run is complete and consistent (every predicted step measured, versions
 rising by one, memory level steady where sampled), 1 otherwise, 2 for unreadable input.
@@ -175,7 +175,13 @@ def compare(train: dict[str, Any] | None, measured: list[dict[str, Any]], sim: d
         if any(t is None for t in ends):
             problems.append("step lines carry no wall_time (pipe `vime train --json` through `compare.py stamp`)")
         else:
-            doc["memory"] = memory_after_steps(mem, [float(t) for t in ends], tolerance_mib)
+            doc["memory"] = memory_after_steps(mem, [float(t) for t in ends if t is not None], tolerance_mib)
+            # the simulator's per-GPU peak next to nvidia-smi's (which also counts memory outside the model's tags)
+            for g in sim.get("memory", {}).get("gpus", []):
+                row = doc["memory"]["gpus"].get(str(g.get("gpu")))
+                if row is not None and g.get("peak_gib") is not None:
+                    row["predicted_peak_mib"] = g["peak_gib"] * 1024
+                    row["peak_error_pct"] = error_pct(row["peak_mib"], row["predicted_peak_mib"])
             if not doc["memory"]["steady"]:
                 problems.append("GPU memory after each step did not return to the same level (see memory)")
     doc["problems"] = problems
@@ -210,7 +216,9 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(f"GPU memory after each step (MiB), steady within {doc['memory']['tolerance_mib']:.0f}: "
                      f"{doc['memory']['steady']}")
         for gpu, g in doc["memory"]["gpus"].items():
-            lines.append(f"  gpu {gpu}: {g['used_mib_after_step']} spread {g['spread_mib']} peak {g['peak_mib']}")
+            lines.append(f"  gpu {gpu}: {g['used_mib_after_step']} spread {g['spread_mib']} peak {g['peak_mib']}"
+                         f" (predicted {_fmt(g.get('predicted_peak_mib'), '.0f')},"
+                         f" error {_fmt(g.get('peak_error_pct'), '.1f')} %)")
     lines.append("OK" if doc["ok"] else "PROBLEMS: " + "; ".join(doc["problems"]))
     return "\n".join(lines)
 
