@@ -287,7 +287,6 @@ class MegatronActor:
         self.offload: Any = None
         self.asleep = False
         self._backup: dict[str, torch.Tensor] = {}
-        self._finalize_enabled = True
         self._last_offloaded = 0
         self.last_load = ""
 
@@ -371,6 +370,8 @@ class MegatronActor:
             fp16=cfg.torch_dtype == torch.float16, params_dtype=cfg.torch_dtype,
             use_distributed_optimizer=cfg.use_distributed_optimizer)
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        if cfg.torch_dtype == torch.float16:
+            self.tf_config.grad_scale_func = self.optimizer.scale_loss  # fp16 needs the dynamic loss scale
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr
 
@@ -385,7 +386,6 @@ class MegatronActor:
         """Tests only: unhook DP gradient reduction to show that the DP test can fail."""
         from megatron.core.distributed import finalize_model_grads
 
-        self._finalize_enabled = enabled
         self.tf_config.finalize_model_grads_func = finalize_model_grads if enabled else None
 
     # --- forward pieces -------------------------------------------------------------------------
