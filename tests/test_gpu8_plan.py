@@ -143,18 +143,33 @@ def test_compare_reports_the_error_of_each_phase(prediction: dict) -> None:
     assert "PROBLEMS" not in compare_mod.format_table(doc)
 
 
+def _mem_samples(steps: list[dict], gpus: int, rollout_level, train_level) -> dict[int, list[tuple[float, float]]]:
+    """Samples every 0.05 s over each stamped step: `rollout_level(gpu, i)` while generating, `train_level` while training."""
+    out: dict[int, list[tuple[float, float]]] = {g: [] for g in range(gpus)}
+    for i, step in enumerate(steps):
+        win = compare_mod.phase_windows(step)
+        for g in range(gpus):
+            for ph, level in (("rollout", rollout_level), ("train", train_level)):
+                t0, t1 = win[ph]
+                n = max(2, int((t1 - t0) / 0.05))
+                out[g] += [(t0 + (t1 - t0) * k / n, float(level(g, i))) for k in range(n + 1)]
+    return out
+
+
 def test_compare_flags_missing_steps_wrong_versions_and_drifting_memory(prediction: dict) -> None:
     measured = [x for x in _measured_from(prediction, dict.fromkeys(PHASES, 1.0)) if x["event"] == "step"]
     startup = {"weight_version": 1}
-    ends = [m["wall_time"] for m in measured]
-    steady = {0: [(t + 0.5, 70_000.0 + i) for i, t in enumerate(ends)], 1: [(t + 0.5, 69_000.0) for t in ends]}
+    steady = _mem_samples(measured, 2, lambda g, i: 120_000 + g + i, lambda g, i: 30_000 + 10 * i)
     doc = compare_mod.compare(startup, measured, prediction, steady, tolerance_mib=1024)
-    assert doc["ok"] and doc["memory"]["steady"]
-    assert doc["memory"]["gpus"]["0"]["used_mib_after_step"] == [70_000.0, 70_001.0, 70_002.0]
+    assert doc["ok"] and doc["memory"]["steady"], doc["problems"]
+    assert doc["memory"]["gpus"]["1"]["rollout_mib"] == [120_001.0, 120_002.0, 120_003.0]
+    assert doc["memory"]["gpus"]["0"]["train_mib"] == [30_000.0, 30_010.0, 30_020.0]
+    assert doc["memory"]["gpus"]["0"]["peak_mib"] == 120_002.0
 
-    drifting = {0: [(t + 0.5, 70_000.0 + 2048 * i) for i, t in enumerate(ends)]}
-    doc = compare_mod.compare(startup, measured, prediction, drifting, tolerance_mib=1024)
-    assert not doc["ok"] and not doc["memory"]["steady"]
+    for drift in ((lambda g, i: 120_000 + 2048 * i, lambda g, i: 30_000),
+                  (lambda g, i: 120_000, lambda g, i: 30_000 + 2048 * i)):
+        doc = compare_mod.compare(startup, measured, prediction, _mem_samples(measured, 1, *drift), tolerance_mib=1024)
+        assert not doc["ok"] and not doc["memory"]["steady"]
 
     stale = [dict(m, metrics={**m["metrics"], "rollout/weight_version": 1.0}) for m in measured]
     doc = compare_mod.compare(startup, stale, prediction)
@@ -162,6 +177,10 @@ def test_compare_flags_missing_steps_wrong_versions_and_drifting_memory(predicti
 
     doc = compare_mod.compare(startup, measured[:2], prediction)
     assert any("not measured" in p for p in doc["problems"])
+
+    unstamped = [{k: v for k, v in m.items() if k != "wall_time"} for m in measured]
+    doc = compare_mod.compare(startup, unstamped, prediction, steady)
+    assert any("wall_time" in p for p in doc["problems"])
 
 
 def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tuple[list[str], list[str]],
@@ -173,8 +192,9 @@ def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tu
                              capture_output=True, text=True, check=True, timeout=60)
     (tmp_path / "train.jsonl").write_text(stamped.stdout)
     (tmp_path / "sim.json").write_text(json.dumps(prediction))
-    t0 = max(json.loads(x)["wall_time"] for x in stamped.stdout.splitlines())
-    (tmp_path / "mem.csv").write_text("".join(f"{t0 + 0.1 + k},{g},5000\n" for k in range(3) for g in range(8))
+    steps = [json.loads(x) for x in stamped.stdout.splitlines() if '"event": "step"' in x]
+    samples = _mem_samples(steps, 8, lambda g, i: 5000, lambda g, i: 5000)
+    (tmp_path / "mem.csv").write_text("".join(f"{t},{g},{u}\n" for g, rows in samples.items() for t, u in rows)
                                       + "garbage line\n")
     res = subprocess.run([sys.executable, str(X8 / "compare.py"), "compare", "--train", str(tmp_path / "train.jsonl"),
                           "--sim", str(tmp_path / "sim.json"), "--mem", str(tmp_path / "mem.csv"),

@@ -12,8 +12,9 @@ Two commands:
         predicted seconds and ``error_pct = 100 * (predicted - measured) / measured``; the same for
         the mean over all steps and over the steady steps (rollout id >= 1); the weight versions the
         responses carried (must rise by one per step from start-up's); and, from the memory samples
-        (CSV ``epoch,gpu_index,used_mib``), each GPU's memory just after each step and whether it
-        came back to the same level (spread within the tolerance), and its peak next to the simulator's.
+        (CSV ``epoch,gpu_index,used_mib``), each GPU's level while the engines generate and while the
+        trainer trains in every step, whether both came back to the same level each step (spread
+        within the tolerance), and its peak next to the simulator's.
 
 Exit status: 0 when the run is complete and consistent (every predicted step measured, versions
 rising by one, memory level steady where sampled), 1 otherwise, 2 for unreadable input.
@@ -105,22 +106,43 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def memory_after_steps(mem: dict[int, list[tuple[float, float]]], step_times: list[float], tolerance_mib: float,
-                       window_s: float = 5.0) -> dict[str, Any]:
-    """Each GPU's first sample within `window_s` after each step ended, and the spread over steps."""
+def phase_windows(step: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Wall-clock (start, end) of each phase of a stamped step line: phases run in PHASES order from
+    ``wall_time - t_step`` (save, eval and the gap come after them)."""
+    t = float(step["wall_time"]) - float(step["t_step"])
+    out = {}
+    for ph in PHASES:
+        d = float(step["phases"].get(ph) or 0.0)
+        out[ph] = (t, t + d)
+        t += d
+    return out
+
+
+def memory_per_step(mem: dict[int, list[tuple[float, float]]], steps: list[dict[str, Any]],
+                    tolerance_mib: float) -> dict[str, Any]:
+    """Each GPU's level in each step — median while the engines generate (middle 60 % of the rollout)
+    and the most while the trainer trains — and whether both came back to the same level every step
+    (spread over steps within `tolerance_mib`)."""
     gpus: dict[str, Any] = {}
     steady = True
     for gpu, samples in sorted(mem.items()):
-        after = []
-        for t_end in step_times:
-            nxt = next((u for t, u in samples if t_end <= t <= t_end + window_s), None)
-            after.append(nxt)
-        seen = [u for u in after if u is not None]
-        spread = max(seen) - min(seen) if len(seen) >= 2 else None
-        ok = spread is not None and spread <= tolerance_mib
-        steady &= ok
-        gpus[str(gpu)] = {"used_mib_after_step": after, "spread_mib": spread, "steady": ok,
-                          "peak_mib": max(u for _, u in samples)}
+        levels: dict[str, list[float | None]] = {"rollout_mib": [], "train_mib": []}
+        for step in steps:
+            win = phase_windows(step)
+            r0, r1 = win["rollout"]
+            lo, hi = r0 + 0.2 * (r1 - r0), r0 + 0.8 * (r1 - r0)
+            during = sorted(u for t, u in samples if lo <= t <= hi)
+            levels["rollout_mib"].append(during[len(during) // 2] if during else None)
+            t0, t1 = win["train"]
+            training = [u for t, u in samples if t0 <= t <= t1]
+            levels["train_mib"].append(max(training) if training else None)
+        row: dict[str, Any] = {**levels, "peak_mib": max(u for _, u in samples)}
+        for key, vals in levels.items():
+            seen = [v for v in vals if v is not None]
+            spread = max(seen) - min(seen) if len(seen) >= 2 else None
+            row[key.replace("_mib", "_spread_mib")] = spread
+            steady &= spread is not None and spread <= tolerance_mib
+        gpus[str(gpu)] = row
     return {"tolerance_mib": tolerance_mib, "gpus": gpus, "steady": bool(gpus) and steady}
 
 
@@ -171,11 +193,11 @@ def compare(train: dict[str, Any] | None, measured: list[dict[str, Any]], sim: d
         "weight_versions": {"seen": versions, "expected": expected, "ok": versions_ok},
     }
     if mem is not None:
-        ends = [by_id[s["rollout_id"]].get("wall_time") for s in steps]
-        if any(t is None for t in ends):
+        stamped = [by_id[s["rollout_id"]] for s in steps]
+        if any(m.get("wall_time") is None for m in stamped):
             problems.append("step lines carry no wall_time (pipe `vime train --json` through `compare.py stamp`)")
         else:
-            doc["memory"] = memory_after_steps(mem, [float(t) for t in ends if t is not None], tolerance_mib)
+            doc["memory"] = memory_per_step(mem, stamped, tolerance_mib)
             # the simulator's per-GPU peak next to nvidia-smi's (which also counts memory outside the model's tags)
             for g in sim.get("memory", {}).get("gpus", []):
                 row = doc["memory"]["gpus"].get(str(g.get("gpu")))
@@ -183,7 +205,7 @@ def compare(train: dict[str, Any] | None, measured: list[dict[str, Any]], sim: d
                     row["predicted_peak_mib"] = g["peak_gib"] * 1024
                     row["peak_error_pct"] = error_pct(row["peak_mib"], row["predicted_peak_mib"])
             if not doc["memory"]["steady"]:
-                problems.append("GPU memory after each step did not return to the same level (see memory)")
+                problems.append("GPU memory did not return to the same level each step (see memory)")
     doc["problems"] = problems
     doc["ok"] = not problems
     return doc
@@ -213,10 +235,10 @@ def format_table(doc: dict[str, Any]) -> str:
               f"{_fmt(s['response_len_mean']['predicted'], '.0f')} predicted)", s["phases"])
     block("mean over steps >= 1", doc["mean_steady_steps"])
     if "memory" in doc:
-        lines.append(f"GPU memory after each step (MiB), steady within {doc['memory']['tolerance_mib']:.0f}: "
+        lines.append(f"GPU memory per step (MiB), same level each step within {doc['memory']['tolerance_mib']:.0f}: "
                      f"{doc['memory']['steady']}")
         for gpu, g in doc["memory"]["gpus"].items():
-            lines.append(f"  gpu {gpu}: {g['used_mib_after_step']} spread {g['spread_mib']} peak {g['peak_mib']}"
+            lines.append(f"  gpu {gpu}: rollout {g['rollout_mib']} train {g['train_mib']} peak {g['peak_mib']}"
                          f" (predicted {_fmt(g.get('predicted_peak_mib'), '.0f')},"
                          f" error {_fmt(g.get('peak_error_pct'), '.1f')} %)")
     lines.append("OK" if doc["ok"] else "PROBLEMS: " + "; ".join(doc["problems"]))

@@ -4,7 +4,7 @@
 #                                          check and unpack the parts, install to /tmp/site and /tmp/vllm/site,
 #                                          build the model and the prompts, check imports and `--dry-run`
 #   bash scripts/h200x8/run_seed.sh run     (prep first if not done) `vime train --backend real` for 3 rollouts
-#                                          with nvidia-smi memory sampled every second, then `vime simulate`
+#                                          with nvidia-smi memory sampled every 0.5 s, then `vime simulate`
 #                                          with the same arguments, then compare.py: per-phase error in $OUT
 #   bash scripts/h200x8/run_seed.sh all     prep + run in one call (only if the call's 10 minutes suffice)
 #   bash scripts/h200x8/run_seed.sh --print-args [MODEL_DIR PROMPTS]   the arguments train and simulate share,
@@ -108,7 +108,7 @@ run() {
   (while :; do
      t=$(date +%s.%N)
      nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
-     sleep 1
+     sleep 0.5
    done) > "$OUT/gpu_mem.csv" 2>/dev/null &
   local sampler=$!
   echo "+ vime train --backend real ${ARGS[*]} ${TRAIN_ONLY[*]}"
