@@ -225,3 +225,34 @@ def test_sigterm_to_the_driver_stops_its_servers(tmp_path):
             drv.kill()
             drv.wait()
         drv.stdout.close()
+
+
+def test_a_signal_during_start_is_held_until_the_child_is_recorded(tmp_path):
+    """SIGTERM landing mid-start must not orphan the server being started: it is re-delivered after."""
+    launcher = Launcher(tmp_path / "logs")
+    launcher._starting = 1  # as if the signal arrived inside start_process
+    launcher._on_signal(signal.SIGTERM, None)
+    assert launcher._pending_signal == signal.SIGTERM and launcher.processes == []
+    launcher._starting = 0
+    with pytest.raises(SystemExit) as exc:
+        proc, _ = start_fake(launcher, tmp_path, "ok")
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert launcher.processes == [] and launcher._pending_signal is None
+    assert list((tmp_path / "logs").glob("fake-ok.log")), "the child was started before the signal was handled"
+    script = str(tmp_path / "server.py")
+
+    def running_fakes() -> list[int]:
+        out = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and script in (d / "cmdline").read_bytes().decode(errors="replace") \
+                        and alive(int(d.name)):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+        return out
+    for _ in range(50):
+        if not running_fakes():
+            break
+        time.sleep(0.1)
+    assert running_fakes() == [], "the held signal must stop the server that was being started"

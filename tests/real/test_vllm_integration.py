@@ -10,6 +10,8 @@ update session itself (start → finish with a version) and the disk reload work
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -82,24 +84,50 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def generated_tokens(url: str) -> float:
-    """vLLM's Prometheus counter of generated tokens (``vllm:generation_tokens_total``)."""
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{url}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:generation_tokens_total"))
-
-
-async def until_decoding(url: str, since: float, at_least: int = 20, timeout_s: float = 120.0) -> None:
-    """Wait until the engine has decoded `at_least` tokens more than `since` (no fixed sleeps: CI speed varies)."""
-    deadline = time.monotonic() + timeout_s
-    while await generated_tokens(url) < since + at_least:
-        assert time.monotonic() < deadline, f"{url} decoded fewer than {at_least} tokens in {timeout_s} s"
-        await asyncio.sleep(0.05)
-
-
 def req(tokens: list[int], sp: dict, **kw) -> GenerateRequest:
     return GenerateRequest(tokens, dict(sp), **kw)
+
+
+class StreamProbe:
+    """A streaming generate sent next to the request under test: tokens arriving on it prove the engine is decoding.
+
+    Both requests share the engine's batches, so once the probe has `n` tokens the request started
+    before it has about as many — no fixed sleeps, and no reliance on metrics that update late.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.count = 0
+        self._client = httpx.AsyncClient(timeout=None)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        body = {"token_ids": [3, 4, 5], "sampling_params": LONG, "stream": True}
+        async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    self.count += len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+
+    async def __aenter__(self) -> StreamProbe:
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+            await self._task
+        await self._client.aclose()
+
+    async def wait_for(self, n: int, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.count < n:
+            assert self._task is not None
+            if self._task.done():
+                self._task.result()  # surface an error of the probe itself
+                raise AssertionError(f"probe stream ended after {self.count} tokens")
+            assert time.monotonic() < deadline, f"{self.url} streamed fewer than {n} tokens in {timeout_s} s"
+            await asyncio.sleep(0.02)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,10 +191,10 @@ def test_consistent_hash_keeps_a_session_on_one_engine(cluster: Cluster):
 
 def test_pause_abort_returns_partial_tokens(cluster: Cluster):
     async def main():
-        async with cluster.engine(1) as eng:
-            since = await generated_tokens(eng.base_url)
+        async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
             task = asyncio.create_task(eng.generate(req([5, 6, 7], LONG)))
-            await until_decoding(eng.base_url, since)
+            await asyncio.sleep(0)  # let the request go out before the probe
+            await probe.wait_for(20)
             await eng.pause("abort")
             try:
                 res = await asyncio.wait_for(task, 30)
@@ -182,15 +210,17 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
 
 def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
     async def main():
-        async with cluster.engine(1) as eng:
-            since = await generated_tokens(eng.base_url)
+        async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
             task = asyncio.create_task(eng.generate(req([9, 10, 11], LONG)))
-            await until_decoding(eng.base_url, since)
+            await asyncio.sleep(0)
+            await probe.wait_for(20)
             await eng.pause("keep")
-            frozen_at = await generated_tokens(eng.base_url)
+            await asyncio.sleep(0.3)  # let a step that was already running land
+            frozen_at = probe.count
             await asyncio.sleep(1.0)
-            frozen = not task.done() and await generated_tokens(eng.base_url) == frozen_at
+            frozen = not task.done() and probe.count == frozen_at
             await eng.resume()
+            await probe.wait_for(frozen_at + 5)  # decoding goes on after resume
             return await asyncio.wait_for(task, 300), frozen
     res, frozen = run(main())
     assert frozen, "pause(keep) must freeze the request: no tokens decoded while paused"

@@ -339,8 +339,10 @@ class Launcher:
         self.python = python
         self._install = install
         self.processes: list[ManagedProcess] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a signal handler may run stop_all() mid-call
         self._old_handlers: dict[int, Any] = {}
+        self._starting = 0
+        self._pending_signal: int | None = None
         atexit.register(self.stop_all)
 
     @property
@@ -351,9 +353,19 @@ class Launcher:
 
     def start_process(self, name: str, argv: Sequence[str], env: Mapping[str, str], health_url: str) -> ManagedProcess:
         proc = ManagedProcess(name, argv, env, self.log_dir / f"{name}.log", health_url)
-        with self._lock:
-            self.processes.append(proc)
-        proc.start()
+        # A SIGTERM/SIGINT that lands while the child is being started is held until it is started
+        # and recorded (see _on_signal): else stop_all() would miss it and leave an orphaned server.
+        # (Blocking the signals instead would be inherited by the child's signal mask.)
+        self._starting += 1
+        try:
+            with self._lock:
+                self.processes.append(proc)
+                proc.start()
+        finally:
+            self._starting -= 1
+        if self._pending_signal is not None and not self._starting:
+            signum, self._pending_signal = self._pending_signal, None
+            self._on_signal(signum, None)
         return proc
 
     def start_servers(self, specs: Sequence[ServerSpec], *, timeout_s: float = 600.0,
@@ -396,6 +408,9 @@ class Launcher:
             atexit.unregister(self.stop_all)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._starting:
+            self._pending_signal = signum  # start_process re-delivers it once the child is recorded
+            return
         self.stop_all()
         previous = self._old_handlers.get(signum)
         if callable(previous):
