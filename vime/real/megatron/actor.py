@@ -289,6 +289,7 @@ class MegatronActor:
         self._backup: dict[str, torch.Tensor] = {}
         self._last_offloaded = 0
         self.last_load = ""
+        self._ipc: Any = None  # vime.real.ipc_weights.IpcExporter, made by the first IPC export
 
     # --- process group and model ----------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
@@ -654,6 +655,29 @@ class MegatronActor:
             size += n
         flush()
         return buckets
+
+    # --- CUDA-IPC export (colocated; vime.real.ipc_weights) ---------------------------------------
+    def ipc_export_begin(self, bucket_bytes: int) -> tuple[list[Any], str | None]:
+        """Collective: gather the HF state from the backup (seed step 41) and plan its buckets; the
+        staging buffer (allocated once, outside the offload region) is sized for the largest bucket.
+        Returns the plan (the same on every rank) and this rank's GPU UUID (None on CPU)."""
+        from vime.real import ipc_weights
+
+        if self._ipc is None:
+            self._ipc = ipc_weights.IpcExporter(self._device())
+        layouts = self._ipc.begin(self.hf_state(from_backup=True), bucket_bytes)
+        return layouts, (None if self.cpu else ipc_weights.device_uuid(self._device()))
+
+    def ipc_export_stage(self, index: int, ack: int | None) -> Any:
+        """Stage bucket `index` into this rank's buffer once bucket `ack` is loaded by every engine
+        (seed steps 48–50): (uuid, handles) on GPU, the staged tensors on CPU."""
+        if self._ipc is None:
+            raise TrainerError(f"rank {self.rank}: ipc_export_stage before ipc_export_begin")
+        return self._ipc.stage(index, ack)
+
+    def ipc_export_end(self, ack: int | None, abort: bool = False) -> None:
+        if self._ipc is not None:
+            self._ipc.end(ack, abort=abort)
 
     def load_hf(self, path: str) -> None:
         """Load HF safetensors from `path` into this rank's shards (HF → Megatron full → shard)."""

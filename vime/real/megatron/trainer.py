@@ -29,7 +29,8 @@ class MegatronTrainer:
     """Trainer protocol over `world_size` Ray actors (TP × DP, PP = 1)."""
 
     def __init__(self, actors: list[Any], cfg: ActorConfig, *, ranks: list[dict[str, Any]],
-                 placement_group: Any = None, plan: PlacementPlan | None = None, name: str = "trainer") -> None:
+                 placement_group: Any = None, plan: PlacementPlan | None = None, name: str = "trainer",
+                 weight_transport: str = "tensors") -> None:
         self.actors = actors
         self.cfg = cfg
         self.ranks = ranks  # what each actor's setup() reported (dp_rank, tp_rank, setup time)
@@ -43,6 +44,11 @@ class MegatronTrainer:
         #: (a simulated clock driving this real trainer) needs it: the simulated event loop refuses
         #: the threads through which Ray completes awaited refs, and the call costs no virtual time.
         self.blocking = False
+        #: "ipc": export_weights stages buckets on every rank's GPU and yields CUDA-IPC handles
+        #: (colocated, --update-weight-mode tensor, CUDA); "tensors": rank 0 returns CPU tensors.
+        if weight_transport not in ("ipc", "tensors"):
+            raise ConfigError(f"weight_transport {weight_transport!r} is not 'ipc' or 'tensors'")
+        self.weight_transport = weight_transport
 
     # --- start / stop -------------------------------------------------------------------------
     @classmethod
@@ -77,7 +83,10 @@ class MegatronTrainer:
                 ray.kill(a)
             ray.util.remove_placement_group(pg)
             raise
-        return cls(actors, cfg, ranks=ranks, placement_group=pg, plan=plan)
+        mode = getattr(args, "update_weight_mode", None) or "tensor"
+        ipc = use_gpus and plan.colocate and bool(plan.engine_bundles) and mode == "tensor"
+        return cls(actors, cfg, ranks=ranks, placement_group=pg, plan=plan,
+                   weight_transport="ipc" if ipc else "tensors")
 
     @classmethod
     def from_args(cls, args: Any, *, address: str | None = None,
@@ -162,9 +171,41 @@ class MegatronTrainer:
     async def export_weights(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:
         """HF-named buckets from the weight backup (seed step 48); TP shards gathered by the actors."""
         self.lifecycle.check("export_weights")
+        if self.weight_transport == "ipc":
+            async for bucket in self._export_ipc(bucket_bytes):
+                yield bucket
+            return
         results = await self.call("export_weights", bucket_bytes)
         for bucket in results[0]:
             yield bucket
+
+    async def _export_ipc(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:
+        """Colocated CUDA-IPC export (seed steps 48–50): every rank stages bucket i in its reused
+        buffer; rank 0's fold carries every rank's handle, keyed by GPU UUID, so each engine worker
+        opens the copy on its own GPU. The consumer asks for bucket i+1 only after every engine has
+        loaded bucket i (vime.weight_sync.publish_weights), which is the acknowledgement that lets the
+        ranks overwrite their buffers."""
+        from vime.real import ipc_weights
+
+        begun = await self.call("ipc_export_begin", bucket_bytes)
+        layouts = begun[0][0]
+        uuids = [u for _, u in begun]
+        need: set[str] = set()
+        if self.plan is not None and self.plan.engine_bundles and all(u is not None for u in uuids):
+            ranks = ipc_weights.engine_gpu_ranks(self.plan.actor_bundles, self.plan.engine_bundles)
+            need = {uuids[r] for group in ranks for r in group}
+        prev: int | None = None
+        done = False
+        try:
+            for layout in layouts:
+                bucket = ipc_weights.fill_bucket(layout, await self.call("ipc_export_stage", layout.index, prev))
+                if bucket.ipc_handles is not None and need:
+                    ipc_weights.check_coverage(bucket, need)
+                yield bucket
+                prev = layout.index
+            done = True
+        finally:
+            await self.call("ipc_export_end", prev, not done)
 
     async def save_checkpoint(self, rollout_id: int, path: str) -> None:
         self.lifecycle.check("save_checkpoint")
