@@ -6,10 +6,13 @@ Runs on a CPU from the raw JSON kept in bench/data (no GPU needed):
     python bench/compare_calibration.py --json bench/data/h200_comparison.json
 
 Predictions come from the simulator's own models (vime.sim): the engine's `IterationModel`
-(roofline per iteration), `ModelSpec` FLOPs / bytes, the trainer's fwd/bwd/optimizer and memory
-formulas, and the allocators' sleep/wake costs, evaluated with two hardware profiles: the
-measured one (bench/data/H200-141G-measured.json, written by bench/calibrate.py) and the
-datasheet preset (H200-141G). Error % = (predicted - measured) / measured.
+(GPU roofline per iteration, host-bound floor, output head once per request), `ModelSpec` FLOPs /
+bytes, the trainer's fwd/bwd/optimizer and memory formulas (`vime.sim.trainer.compute_seconds`,
+`score_bytes`, `optimizer_step_bytes`), the engine's sleep/wake and bucket costs and the
+allocators' (persistent vs cold pinned buffers), evaluated with two hardware profiles: the
+measured preset H200-141G-measured (vime/sim/data/hardware/, with its provenance; it describes the
+software of the runs too: unfused attention, bf16 grads, torch AdamW) and the datasheet preset
+H200-141G. Error % = (predicted - measured) / measured.
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ sys.path.insert(0, str(ROOT))
 from vime.sim.engine import EngineSettings, IterationModel  # noqa: E402
 from vime.sim.hardware import HardwareSpec, load_hardware  # noqa: E402
 from vime.sim.models import ModelSpec, load_model  # noqa: E402
-from vime.sim.trainer import ADAM_STEP_BYTES, GRAD_BYTES, OPTIMIZER_BYTES, PARAM_BYTES  # noqa: E402
+from vime.sim.trainer import (  # noqa: E402
+    OPTIMIZER_BYTES,
+    PARAM_BYTES,
+    compute_seconds,
+    grad_bytes,
+    optimizer_step_bytes,
+    score_bytes,
+    streaming_bytes_per_s,
+)
 
 GIB = 1 << 30
 DATA = ROOT / "bench" / "data"
@@ -42,22 +53,25 @@ def prefill_seconds(im: IterationModel, prompt: int, chunk: int = 8192, overhead
     t, done = 0.0, 0
     while done < prompt:
         c = min(chunk, prompt - done)
-        t += im.time(c, done, c * done + c * (c + 1) / 2)
+        t += im.time(c, done, c * done + c * (c + 1) / 2, seqs=1)
         done += c
     return t if overhead else t - im.overhead_s * math.ceil(prompt / chunk)
 
 
 def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int) -> float:
-    """B requests of `prompt` tokens each generating `new` tokens in lockstep (prefill then decode)."""
+    """B requests of `prompt` tokens each generating `new` tokens in lockstep (prefill then decode).
+
+    The prefill iteration samples each request's first token, so `new - 1` decode iterations follow.
+    """
     t = 0.0
     total = batch * prompt
     done = 0
     while done < total:  # prompts packed into 8192-token iterations
         c = min(8192, total - done)
-        t += im.time(c, 0, c * (prompt + 1) / 2)
+        t += im.time(c, 0, c * (prompt + 1) / 2, seqs=max(1, round(c / prompt)))
         done += c
-    for j in range(new):
-        ctx = batch * (prompt + j)
+    for j in range(new - 1):
+        ctx = batch * (prompt + j + 1)
         t += im.time(batch, ctx, ctx)
     return t
 
@@ -86,15 +100,13 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
     im = _iter_model(hw, m4)
     for r in raw.get("decode", {}).get("rows", []):
         b, length = r["batch"], r["context"]
-        pred = im.time(b, b * length, b * length) - im.overhead_s
+        pred = im.gpu_time(b, b * length, b * length) - im.overhead_s  # no scheduler: GPU part only
         add("decode workload (PyTorch, CUDA graph, Qwen3-4B shapes)", f"step B={b} L={length}", r["step_s"], pred, "s")
     for r in raw.get("prefill", {}).get("rows", []):
         t = r["tokens"]
-        pred = im.time(t, 0, t * (t + 1) / 2) - im.overhead_s
-        exact = m4.prefill_flops(t) / hw.prefill_flops
+        pred = im.gpu_time(t, 0, t * (t + 1) / 2, seqs=1) - im.overhead_s
         add("prefill workload (PyTorch, flash attention, Qwen3-4B shapes)", f"prompt {t}", r["median_s"], pred, "s",
-            f"IterationModel counts the LM head for every prompt token; with ModelSpec.prefill_flops "
-            f"(logits for the last token only) it predicts {exact:.4f} s")
+            "output head once per sequence (ModelSpec.prefill_flops)")
 
     # --- Megatron step ---------------------------------------------------------------------------
     runs = [r.get("result") or {} for r in raw.get("megatron", {}).get("runs", [])]
@@ -106,20 +118,22 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
         tag = " (state in vime CuMem regions)" if res.get("cumem") else ""
         for e in res["shapes"]:
             mbs, seq = e["mbs"], e["seq"]
-            fwd = mbs * spec.sequence_flops(seq) / hw.train_flops
+            lengths = [seq] * mbs
+            fwd, bwd = compute_seconds(spec, hw, lengths)
             q = f"{res['preset']} mbs={mbs} seq={seq}{tag}"
             add("Megatron-core step (local spec, 1 GPU)", f"fwd {q}", e["fwd_s_median"], fwd, "s")
-            add("Megatron-core step (local spec, 1 GPU)", f"bwd {q}", e["bwd_s_median"], 2 * fwd, "s")
-            opt = params * ADAM_STEP_BYTES / (hw.hbm_bytes_per_s * hw.efficiency.decode_bw_util)
-            add("Megatron-core step (local spec, 1 GPU)", f"optimizer {q}", e["opt_s_median"], opt, "s")
+            add("Megatron-core step (local spec, 1 GPU)", f"bwd {q}", e["bwd_s_median"], bwd, "s")
+            opt = params * optimizer_step_bytes(hw) / streaming_bytes_per_s(hw)
+            add("Megatron-core step (local spec, 1 GPU)", f"optimizer {q}", e["opt_s_median"], opt, "s",
+                f"{hw.software.train_optimizer} optimizer: {optimizer_step_bytes(hw)} B/param")
             tokens = mbs * seq
             act = spec.activation_bytes_per_token(1, 1, "none", sequence_parallel=False) * tokens
-            state = params * (PARAM_BYTES + GRAD_BYTES + OPTIMIZER_BYTES)
-            unfused = 8.0 * spec.num_layers * spec.num_attention_heads * seq * tokens
-            add("Megatron-core step (local spec, 1 GPU)", f"peak allocated {q}", e["peak_allocated_bytes"], state + act, "B",
-                f"sim assumes flash attention and fp32 grads ({GRAD_BYTES} B/param; this run had bf16 grads); "
-                f"the local spec also keeps the s^2 scores, ~8 B x layers x heads x seq per token = "
-                f"{unfused / GIB:.1f} GiB more")
+            scores = score_bytes(spec, hw, lengths)
+            state = params * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES)
+            add("Megatron-core step (local spec, 1 GPU)", f"peak allocated {q}", e["peak_allocated_bytes"],
+                state + act + scores, "B",
+                f"{hw.software.train_attention} attention ({scores / GIB:.1f} GiB of s^2 scores), "
+                f"{grad_bytes(hw)}-byte grads")
         for c in res.get("cumem_cycles", []):
             p, w = c["pause"], c["resume"]
             add("vime CuMem on real Megatron state", f"pause cycle {c['cycle']} ({p['copied_bytes'] / GIB:.1f} GiB kept)",
@@ -138,11 +152,13 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
             alloc = kept if (mode == "cold" or c["cycle"] == 0) else 0
             q = f"{res['method']} {res['gib']:g} GiB state, cycle {c['cycle']}"
             add(f"pause/resume ({mode} pinned buffers)", f"pause {q}", c["pause_s"], _pause(hw, kept, total, alloc), "s")
-            add(f"pause/resume ({mode} pinned buffers)", f"resume {q}", c["resume_s"], _resume(hw, kept, total), "s")
+            add(f"pause/resume ({mode} pinned buffers)", f"resume {q}", c["resume_s"],
+                _resume(hw, kept, total, cold=mode == "cold"), "s")
 
     # --- real vLLM 0.25.1 -----------------------------------------------------------------------------
     if vllm:
         ph = vllm.get("phases", {})
+        settings = EngineSettings(max_model_len=20480)
         for r in ph.get("decode", []):
             pred = decode_run_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"])
             add("vLLM 0.25.1 (Qwen3-4B shapes, random weights)", f"generate B={r['batch']} x {r['max_tokens']} tokens",
@@ -159,15 +175,20 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
         for row in ph.get("sleep_l1", []):
             c = row["cycle"]
             kv = row["free_asleep"] - row["free_awake"] - wbytes
-            add("vLLM sleep/wake", f"sleep level 1, cycle {c}", row["sleep_s"], _pause(hw, wbytes, wbytes + kv, wbytes), "s",
-                "the engine model pays pinned allocation on every sleep (cold)")
-            add("vLLM sleep/wake", f"wake weights (L1), cycle {c}", row["wake_weights_s"], _resume(hw, wbytes, wbytes), "s")
-            add("vLLM sleep/wake", f"wake kv_cache (L1), cycle {c}", row["wake_kv_s"], _resume(hw, 0, kv), "s")
+            # Persistent pinned pool: only the first sleep pins (PyTorch's caching host allocator keeps it).
+            pin = wbytes if c == 0 else 0
+            add("vLLM sleep/wake", f"sleep level 1, cycle {c}", row["sleep_s"],
+                _pause(hw, wbytes, wbytes + kv, pin) + settings.sleep_call_s, "s",
+                "pins host memory on the first sleep only; + EngineSettings.sleep_call_s")
+            add("vLLM sleep/wake", f"wake weights (L1), cycle {c}", row["wake_weights_s"],
+                _resume(hw, wbytes, wbytes) + settings.wake_call_s, "s")
+            add("vLLM sleep/wake", f"wake kv_cache (L1), cycle {c}", row["wake_kv_s"],
+                _resume(hw, 0, kv) + settings.wake_call_s, "s")
         for row in ph.get("sleep_l2_ipc", []):
             c = row["cycle"]
             released = row["free_asleep"] - row["free_awake"]
-            add("vLLM sleep/wake", f"sleep level 2, cycle {c}", row["sleep_s"], _pause(hw, 0, released, 0), "s")
-            settings = EngineSettings(max_model_len=20480)
+            add("vLLM sleep/wake", f"sleep level 2, cycle {c}", row["sleep_s"],
+                _pause(hw, 0, released, 0) + settings.sleep_call_s, "s")
             sizes = vllm.get("buckets", {}).get("sizes", [])
             per = [settings.http_rtt_s + settings.ipc_open_s + 25 * settings.load_per_tensor_s
                    + 2 * n / hw.decode_bytes_per_s for n in sizes]
@@ -182,9 +203,10 @@ def _pause(hw: HardwareSpec, copy: float, unmap: float, alloc: float) -> float:
             + unmap / GIB * hw.vmm.unmap_release_s_per_gib)
 
 
-def _resume(hw: HardwareSpec, copy: float, mapped: float) -> float:
-    """SimAllocator._wake_costs: create/map per GiB + copy at h2d."""
-    return mapped / GIB * hw.vmm.create_map_s_per_gib + copy / hw.h2d_bytes_per_s
+def _resume(hw: HardwareSpec, copy: float, mapped: float, cold: bool = False) -> float:
+    """SimAllocator._wake_costs: create/map per GiB + copy at h2d (+ freeing the host buffer when cold)."""
+    free = copy / GIB * hw.vmm.pinned_free_s_per_gib if cold else 0.0
+    return mapped / GIB * hw.vmm.create_map_s_per_gib + copy / hw.h2d_bytes_per_s + free
 
 
 def _fmt(v: float, unit: str) -> str:
@@ -203,7 +225,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--raw", default=str(DATA / "h200_calibration.json"))
     ap.add_argument("--vllm", default=str(DATA / "h200_vllm_0.25.1.json"))
-    ap.add_argument("--hardware", default=str(DATA / "H200-141G-measured.json"))
+    ap.add_argument("--hardware", default="H200-141G-measured",
+                    help="measured profile: a preset name or a JSON file (bench/calibrate.py --profile writes one)")
     ap.add_argument("--preset", default="H200-141G", help="datasheet preset to compare with")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()

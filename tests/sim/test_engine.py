@@ -212,7 +212,7 @@ def reference_finish_times(engine: SimEngine, reqs: list[tuple[str, int, int]]) 
         tokens = sum(k for _, k in sched)
         kv_read = sum(r["comp"] + k for r, k in sched)
         attn = sum(k * r["comp"] + k * (k + 1) / 2 for r, k in sched)
-        t += engine.cost.time(tokens, kv_read, attn)
+        t += engine.cost.time(tokens, kv_read, attn, len(sched))  # logits once per scheduled request
         used = nb_total - free
         for r, k in sched:
             r["comp"] += k

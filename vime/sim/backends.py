@@ -144,7 +144,10 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
         name = f"engine{k}"
         ids = list(range(first + k * per_engine, first + (k + 1) * per_engine))
         allocator = SimAllocator(name, [cluster.gpus[i] for i in ids], hw, host=cluster.host,
-                                 known_tags=ENGINE_TAGS, non_deferrable=NON_DEFERRABLE, pinned="cold",
+                                 known_tags=ENGINE_TAGS, non_deferrable=NON_DEFERRABLE,
+                                 # vLLM's CPU backup goes through PyTorch's caching host allocator, which
+                                 # keeps the pinned blocks after wake: only the first sleep pins (H200, issue 10).
+                                 pinned="persistent",
                                  recorder=cluster.recorder, env=env)
         engines.append(SimEngine(name, env, hw, mdl, settings, lengths, seed=seed, allocator=allocator,
                                  observer=cluster.recorder, record_events=record_events))

@@ -118,8 +118,17 @@ class EngineSettings:
     allreduce_latency_s: float = 8e-6
     #: One HTTP control round trip (pause, resume, sleep/wake request, weight-update call); estimate.
     http_rtt_s: float = 0.002
-    #: Per weight bucket: opening the CUDA IPC handles on every TP rank; estimate.
-    ipc_open_s: float = 0.003
+    #: Per weight bucket: opening the CUDA IPC handles on every TP rank and vLLM's per-call work
+    #: around load_weights; measured 10–22 ms per bucket with vLLM 0.25.1's IPC backend on the
+    #: H200 (8 GB in 16 buckets, bench/data/h200_vllm_0.25.1.json), ~13 ms once transfer is taken out.
+    ipc_open_s: float = 0.013
+    #: Fixed engine-side cost of one sleep call beyond the copies and unmaps (collective RPC to the
+    #: workers, gc + empty_cache): vLLM 0.25.1 on the H200 slept at level 2 (nothing to copy) in
+    #: 0.07–0.10 s of which ~0.03 s unmapping.
+    sleep_call_s: float = 0.05
+    #: Fixed engine-side cost of one wake_up call that maps something: waking the KV cache (map
+    #: only) took 0.11–0.12 s on the H200 with vLLM 0.25.1, ~0.012 s of it mapping.
+    wake_call_s: float = 0.1
     #: Per tensor in a bucket: vLLM's load_weights Python dispatch; estimate.
     load_per_tensor_s: float = 20e-6
     #: Bytes/s a TP rank reads weights from the trainer's buffer and writes its shard: None =
@@ -273,51 +282,99 @@ def sum_max_lines(m0: float, m1: float, f0: float, f1: float, k: int) -> float:
 class IterationModel:
     """Per-iteration time of one engine (per GPU of its TP group, all ranks in lockstep).
 
-    t = overhead + all-reduce(tokens) + max(bytes / decode bandwidth, FLOPs / (TP · prefill FLOP/s))
-    with bytes = weights + kv_bytes_per_token · (context tokens read) and FLOPs linear in the
-    attended context (ModelSpec.flops_per_token is affine in the context length).
+    GPU time = overhead + all-reduce(tokens) + max(bytes / decode bandwidth, FLOPs / (TP · prefill FLOP/s))
+    with bytes = weights + kv_bytes_per_token · (context tokens read) and FLOPs = the body for
+    every computed token, the output head once per scheduled request (vLLM computes logits only
+    at each request's last position, so a prefill chunk pays it once, not per prompt token) and
+    the attention, linear in the attended context.
+
+    The iteration takes max(GPU time, host time), host time = host_s + host_per_seq_s · requests:
+    vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
+    GPU executes (async scheduling), so it only shows when it is the longer one — at large
+    batches (H200 + vLLM 0.25.1, issue 10: 20.9 ms per decode step at 256 requests, 7.8 ms of
+    roofline; 3.8 ms at 1 request, 2.9 ms of roofline).
     """
 
     weight_bytes: float
     kv_bytes_per_token: float
     bytes_per_s: float
     flops_per_s: float  # per GPU, effective
-    flops_base: float  # per token, whole model, without attention
+    flops_base: float  # per token, whole model, without attention and without the output head
     flops_per_ctx: float  # per token per attended context token, whole model
     tp: int
-    overhead_s: float
+    overhead_s: float  # GPU-serial per iteration (launches), added to the GPU time
     allreduce_per_token_s: float
     allreduce_latency_s: float
+    flops_head: float = 0.0  # per sampled position (one per scheduled request), whole model
+    host_s: float = 0.0  # CPU work per step, overlapped with the GPU
+    host_per_seq_s: float = 0.0  # + per scheduled request
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
         tp = settings.tp
-        base = model.flops_per_token(0)
-        per_ctx = (model.flops_per_token(4096) - base) / 4096.0
+        base = model.flops_per_token(0, lm_head=False)
+        per_ctx = (model.flops_per_token(4096, lm_head=False) - base) / 4096.0
         # Two all-reduces per layer (after attention and after the MLP) of hidden-size bf16 activations.
         ar_bytes = 2 * model.num_layers * model.hidden_size * model.dtype_bytes
         lat = 2 * model.num_layers * settings.allreduce_latency_s if tp > 1 else 0.0
+        eff = hardware.efficiency
         return cls(float(model.weight_bytes(tp)), float(model.kv_bytes_per_token(tp)),
                    hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
-                   hardware.efficiency.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp), lat)
+                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp), lat,
+                   model.lm_head_flops_per_token(), eff.host_step_s, eff.host_step_per_seq_s)
+
+    def host(self, seqs: int) -> float:
+        """The engine's CPU time of one step with `seqs` scheduled requests."""
+        return self.host_s + self.host_per_seq_s * seqs
 
     def fixed(self, tokens: int) -> float:
         return self.overhead_s + self.allreduce_latency_s + self.allreduce_per_token_s * tokens
 
-    def time(self, tokens: int, kv_read_tokens: float, attn_ctx: float) -> float:
-        """One iteration computing `tokens` tokens, reading `kv_read_tokens` of KV, attending `attn_ctx` in total."""
+    def gpu_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
+        """The GPU's part of an iteration (what a bare PyTorch forward of the same shapes takes)."""
+        seqs = tokens if seqs is None else seqs
         mem = (self.weight_bytes + self.kv_bytes_per_token * kv_read_tokens) / self.bytes_per_s
-        comp = (self.flops_base * tokens + self.flops_per_ctx * attn_ctx) / self.tp / self.flops_per_s
+        comp = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) \
+            / self.tp / self.flops_per_s
         return self.fixed(tokens) + max(mem, comp)
 
+    def time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
+        """One iteration computing `tokens` tokens of `seqs` requests (None: one token each, decode),
+        reading `kv_read_tokens` of KV, attending `attn_ctx` in total."""
+        seqs = tokens if seqs is None else seqs
+        return max(self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs), self.host(seqs))
+
     def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
-        """(C, m0, m1, f0, f1) for n requests decoding in lockstep whose contexts sum to ctx0 at j = 0."""
+        """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
+        to ctx0 at j = 0 (the host floor is `host(n)`)."""
         m0 = (self.weight_bytes + self.kv_bytes_per_token * ctx0) / self.bytes_per_s
         m1 = self.kv_bytes_per_token * n / self.bytes_per_s
         scale = 1.0 / (self.tp * self.flops_per_s)
-        f0 = (self.flops_base * n + self.flops_per_ctx * ctx0) * scale
+        f0 = ((self.flops_base + self.flops_head) * n + self.flops_per_ctx * ctx0) * scale
         f1 = self.flops_per_ctx * n * scale
         return self.fixed(n), m0, m1, f0, f1
+
+
+def sum_max_of_lines(lines: Sequence[tuple[float, float]], k: int) -> float:
+    """Σ_{j=0}^{k-1} max_i (a_i + b_i·j), exactly: split [0, k) where two lines cross, one line leads in each piece."""
+    if k <= 0:
+        return 0.0
+    cuts = {0, k}
+    for i, (a0, a1) in enumerate(lines):
+        for b0, b1 in lines[i + 1:]:
+            if a1 != b1:
+                x = (b0 - a0) / (a1 - b1)
+                if 0 < x < k:
+                    cuts.add(math.ceil(x))
+    edges = sorted(cuts)
+    total = 0.0
+    for p, q in zip(edges, edges[1:], strict=False):
+        if q <= p:
+            continue
+        mid = (p + q - 1) / 2.0  # no crossing strictly inside [p, q-1]: the leader at the middle leads throughout
+        a0, a1 = max(lines, key=lambda ln: ln[0] + ln[1] * mid)
+        total += _line_sum(a0, a1, p, q)
+    return total
 
 
 @dataclass(frozen=True)
@@ -330,9 +387,12 @@ class _Phase:
     m1: float
     f0: float
     f1: float
+    host: float = 0.0  # the CPU floor of every iteration (IterationModel.host)
 
     def elapsed(self, k: int) -> float:
-        return self.c * k + sum_max_lines(self.m0, self.m1, self.f0, self.f1, k)
+        if self.host <= 0.0:
+            return self.c * k + sum_max_lines(self.m0, self.m1, self.f0, self.f1, k)
+        return sum_max_of_lines(((self.c + self.m0, self.m1), (self.c + self.f0, self.f1), (self.host, 0.0)), k)
 
     def done_by(self, t: float) -> int:
         """Largest k ≤ K with elapsed(k) ≤ t (binary search on the closed form)."""
@@ -444,6 +504,7 @@ class SimEngine:
         self.eos_token_id = int(getattr(model, "eos_token_id", 151645) or 151645)
         self.vocab_size = int(model.vocab_size)
         self._tags_asleep: dict[str, str] = {}  # tag → "offloaded" | "discarded" (allocator-less mode)
+        self._host_pinned: dict[str, int] = {}  # tag → pinned host bytes kept across cycles (allocator-less mode)
         self._failed: str | None = None
         self._epoch = 0
         self._seq = 0
@@ -857,7 +918,7 @@ class SimEngine:
         if k == 0:
             return None  # the next iteration must preempt
         c, m0, m1, f0, f1 = self.cost.decode_lines(n, self._sum_coff + n * (self._tick + 1))
-        return _Phase(k, c, m0, m1, f0, f1)
+        return _Phase(k, c, m0, m1, f0, f1, self.cost.host(n))
 
     def _slack_cum(self) -> list[int]:
         """cum[r] = decoding requests whose next new block is needed within r iterations (0-based)."""
@@ -930,7 +991,7 @@ class SimEngine:
         kv_read = dec_ctx + sum(r.computed + t for r, t in chunks)
         attn = dec_ctx + sum(t * r.computed + t * (t + 1) / 2 for r, t in chunks)
         self._pending = (n_dec, chunks)
-        dt = self.cost.time(tokens, kv_read, attn)
+        dt = self.cost.time(tokens, kv_read, attn, n_dec + len(chunks))
         self._pending_dt = dt
         self._pending_blocks = self.kv.num_blocks - free - self._used_blocks
         return dt
@@ -1021,6 +1082,7 @@ class SimEngine:
         offload = sleep_offload_tags(level)
         discard = tuple(t for t in (TAG_WEIGHTS, TAG_KV_CACHE) if t not in offload)
         await self._mem_sleep(offload, discard)
+        await self._pause_for(self.settings.sleep_call_s)
         self.lifecycle.on_sleep(level)
         self._log("sleep", level)
         await self._pause_for(self.settings.http_rtt_s / 2)
@@ -1043,6 +1105,7 @@ class SimEngine:
         await self._pause_for(self.settings.http_rtt_s / 2)
         if chosen:
             await self._mem_wake(chosen)
+            await self._pause_for(self.settings.wake_call_s)
         self.lifecycle.on_wake(normalized)
         self._log("wake_up", tuple(chosen))
         if self.lifecycle.memory is EngineMemory.AWAKE:
@@ -1073,8 +1136,15 @@ class SimEngine:
         hw, sizes = self.hardware, self._tag_bytes()
         copy = sum(sizes[t] for t in offload)
         unmap = copy + sum(sizes[t] for t in discard)
-        # Same formula as SimAllocator with cold pinned buffers: the GPUs of the group work in parallel.
-        seconds = (copy / GiB * hw.vmm.pinned_alloc_s_per_gib + copy / hw.d2h_bytes_per_s
+        # Same formula as SimAllocator with persistent pinned buffers (the GPUs of the group work in
+        # parallel): vLLM's CPU backup comes from PyTorch's caching host allocator, which keeps the
+        # pinned blocks after wake, so only the first sleep (or a larger tag) pays the pinning —
+        # measured on the H200: level-1 sleep 4.21 s the first time, 0.26 s after (issue 10).
+        grow = 0
+        for t in offload:
+            grow += max(0, sizes[t] - self._host_pinned.get(t, 0))
+            self._host_pinned[t] = max(sizes[t], self._host_pinned.get(t, 0))
+        seconds = (grow / GiB * hw.vmm.pinned_alloc_s_per_gib + copy / hw.d2h_bytes_per_s
                    + unmap / GiB * hw.vmm.unmap_release_s_per_gib)
         for t in offload:
             self._tags_asleep[t] = "offloaded"
@@ -1194,6 +1264,7 @@ class SimEngine:
         if self.allocator is not None and self.allocator.lifecycle.asleep_tags():
             await self.allocator.wake_up(None)
         self._tags_asleep.clear()
+        self._host_pinned.clear()  # a new server process: its pinned pool is gone
         self._epoch += 1
         self._reset_scheduler()
         self._proc = self.env.process(self._loop(self._epoch))

@@ -20,15 +20,24 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "prefill_mfu": 0.55,                      # engine prefill FLOPs / (bf16_flops * time)
         "decode_bw_util": 0.75,                   # engine decode bytes read / (hbm_bytes_per_s * time)
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
+        "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
+        "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
         "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / link peak (NVLink or network)
         "host_copy_util": 0.80                    # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
       },
       "vmm": {                                    # CUDA virtual-memory costs behind sleep / wake_up
         "create_map_s_per_gib": 0.02,             # cuMemCreate + cuMemMap + cuMemSetAccess
         "unmap_release_s_per_gib": 0.01,          # cuMemUnmap + cuMemRelease
-        "pinned_alloc_s_per_gib": 0.25            # allocating + pinning a fresh host buffer
+        "pinned_alloc_s_per_gib": 0.25,           # allocating + pinning a fresh host buffer
+        "pinned_free_s_per_gib": 0.0              # freeing it (cuMemFreeHost; cold buffers, optional)
       },
-      "sources": {"bf16_flops": "where the number comes from", ...}   # one note per value
+      "software": {                               # the training stack the profile describes (optional)
+        "train_attention": "flash",               # "flash" (fused, causal) or "unfused" (s^2 scores kept)
+        "train_grad_bytes": 4,                    # main-grad bytes per parameter: 4 (fp32) or 2 (bf16)
+        "train_optimizer": "fused"                # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
+      },
+      "sources": {"bf16_flops": "where the number comes from", ...},  # one note per value
+      "provenance": {"machine": "...", "driver": "...", "date": "...", "command": "..."}  # measured profiles
     }
 
 A calibrated profile puts measured rates in the ``*_bytes_per_s`` fields and sets the matching
@@ -63,6 +72,13 @@ class Efficiency:
     prefill_mfu: float = 0.55
     decode_bw_util: float = 0.75
     iteration_overhead_s: float = 0.003
+    #: vLLM's CPU work per engine step (scheduling, input preparation, output processing):
+    #: host_step_s + host_step_per_seq_s · scheduled requests. It overlaps the GPU's work (async
+    #: scheduling), so a step takes max(GPU time, CPU time): at large batches the CPU bounds
+    #: decode (H200 + vLLM 0.25.1, issue 10: 20.9 ms per step at 256 requests against 7.8 ms of
+    #: roofline). The estimate presets keep 0 (GPU-bound engines).
+    host_step_s: float = 0.0
+    host_step_per_seq_s: float = 0.0
     allreduce_bw_util: float = 0.70
     host_copy_util: float = 1.0
 
@@ -74,6 +90,33 @@ class VmmCosts:
     create_map_s_per_gib: float = 0.02
     unmap_release_s_per_gib: float = 0.01
     pinned_alloc_s_per_gib: float = 0.25
+    #: Freeing a pinned host buffer (cuMemFreeHost): what a cold (torch_memory_saver) resume pays.
+    pinned_free_s_per_gib: float = 0.0
+
+
+#: Attention implementations of the training stack: "flash" (fused, causal, no s² tensor kept)
+#: or "unfused" (Megatron's local spec without TransformerEngine: full s² scores in memory).
+TRAIN_ATTENTION = ("flash", "unfused")
+#: Optimizer implementations: "fused" (TE / apex FusedAdam, one pass) or "torch" (torch.optim.AdamW).
+TRAIN_OPTIMIZERS = ("fused", "torch")
+
+
+@dataclass(frozen=True)
+class Software:
+    """The training software the profile describes; the defaults are a production Megatron stack
+    (TransformerEngine flash attention, fp32 main grads, fused Adam)."""
+
+    train_attention: str = "flash"
+    train_grad_bytes: int = 4
+    train_optimizer: str = "fused"
+
+    def __post_init__(self) -> None:
+        if self.train_attention not in TRAIN_ATTENTION:
+            raise ConfigError(f"software.train_attention must be one of {TRAIN_ATTENTION}, got {self.train_attention!r}")
+        if self.train_grad_bytes not in (2, 4):
+            raise ConfigError(f"software.train_grad_bytes must be 2 (bf16) or 4 (fp32), got {self.train_grad_bytes!r}")
+        if self.train_optimizer not in TRAIN_OPTIMIZERS:
+            raise ConfigError(f"software.train_optimizer must be one of {TRAIN_OPTIMIZERS}, got {self.train_optimizer!r}")
 
 
 @dataclass(frozen=True)
@@ -91,9 +134,12 @@ class HardwareSpec:
     internode_bytes_per_s: float = 50e9
     efficiency: Efficiency = field(default_factory=Efficiency)
     vmm: VmmCosts = field(default_factory=VmmCosts)
+    software: Software = field(default_factory=Software)
     description: str = ""
     #: Where each value comes from ("bf16_flops": "NVIDIA H100 datasheet ..."), keyed like the JSON.
     sources: tuple[tuple[str, str], ...] = ()
+    #: Where a measured profile was measured: machine, driver, date, command (empty for datasheet presets).
+    provenance: tuple[tuple[str, str], ...] = ()
     #: The file it was loaded from ("" when built in code).
     path: str = ""
 
@@ -164,7 +210,9 @@ class HardwareSpec:
             "cuda_context_bytes": self.cuda_context_bytes,
             "efficiency": {f.name: getattr(self.efficiency, f.name) for f in fields(Efficiency)},
             "vmm": {f.name: getattr(self.vmm, f.name) for f in fields(VmmCosts)},
+            "software": {f.name: getattr(self.software, f.name) for f in fields(Software)},
             "sources": dict(self.sources),
+            **({"provenance": dict(self.provenance)} if self.provenance else {}),
         }
 
     @classmethod
@@ -178,7 +226,8 @@ class HardwareSpec:
         if missing:
             raise ConfigError(f"hardware profile {origin}: missing field(s) {missing}; "
                               f"see vime/sim/hardware.py for the schema")
-        known = set(required) | {"description", "internode_bytes_per_s", "efficiency", "vmm", "sources"}
+        known = set(required) | {"description", "internode_bytes_per_s", "efficiency", "vmm", "software", "sources",
+                                 "provenance"}
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"hardware profile {origin}: unknown field(s) {extra}; known: {sorted(known)}")
@@ -207,9 +256,24 @@ class HardwareSpec:
                                       f"and must be in (0, 1], got {v}")
             return klass(**vals)
 
+        raw_sw = data.get("software", {})
+        if not isinstance(raw_sw, dict):
+            raise ConfigError(f"hardware profile {origin}: software must be an object")
+        sw_names = {f.name for f in fields(Software)}
+        bad_sw = sorted(set(raw_sw) - sw_names)
+        if bad_sw:
+            raise ConfigError(f"hardware profile {origin}: unknown software field(s) {bad_sw}; known: {sorted(sw_names)}")
+        try:
+            software = Software(**raw_sw)
+        except ConfigError as exc:
+            raise ConfigError(f"hardware profile {origin}: {exc}") from exc
         sources = data.get("sources", {})
         if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
             raise ConfigError(f"hardware profile {origin}: sources must map field names to strings")
+        provenance = data.get("provenance", {})
+        if not isinstance(provenance, dict) or not all(isinstance(v, str) for v in provenance.values()):
+            raise ConfigError(f"hardware profile {origin}: provenance must map keys (machine, driver, date, "
+                              f"command) to strings")
         name = data["name"]
         if not isinstance(name, str) or not name:
             raise ConfigError(f"hardware profile {origin}: name must be a non-empty string")
@@ -224,9 +288,11 @@ class HardwareSpec:
             host_link_d2h_bytes_per_s=number("host_link_d2h_bytes_per_s", data["host_link_d2h_bytes_per_s"]),
             cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
             internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
-            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s"})),
+            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
+            software=software,
             sources=tuple(sorted(sources.items())),
+            provenance=tuple(sorted(provenance.items())),
             path=origin,
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -165,6 +166,24 @@ class ModelSpec:
             new_tokens * c + new_tokens * (new_tokens + 1) / 2)
         return 2.0 * (self.matmul_params() - self.vocab_size * self.hidden_size) * new_tokens \
             + 2.0 * self.vocab_size * self.hidden_size + attn
+
+    def lm_head_flops_per_token(self) -> float:
+        """FLOPs of the output head for one position (2 · vocab · hidden)."""
+        return 2.0 * self.vocab_size * self.hidden_size
+
+    # --- unfused (local-spec) attention --------------------------------------------------------
+    def score_elements(self, lengths: Sequence[int], tp: int = 1, pp: int = 1) -> float:
+        """Attention-score elements an unfused attention materialises on one rank: layers · heads/TP · Σ s².
+
+        Megatron's local spec without TransformerEngine (DotProductAttention) computes the full
+        s × s matrix per head with baddbmm and masks it afterwards, so there is no causal halving.
+        """
+        _check_parallel(tp, pp)
+        return float(self.layers_per_stage(pp) * (self.num_attention_heads // tp) * sum(n * n for n in lengths))
+
+    def unfused_attention_flops(self, lengths: Sequence[int]) -> float:
+        """Score and value matmuls over the full s × s matrix (whole model): 4 · layers · heads · hd · Σ s²."""
+        return 4.0 * self.num_layers * self.num_attention_heads * self.head_dim * sum(n * n for n in lengths)
 
     # --- memory per token ---------------------------------------------------------------------
     def kv_bytes_per_token(self, tp: int = 1) -> int:

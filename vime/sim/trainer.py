@@ -37,6 +37,7 @@ from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightB
 from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
 
 if TYPE_CHECKING:
+    from vime.sim.hardware import HardwareSpec
     from vime.sim.models import ModelSpec, Recompute
     from vime.types import TrainBatch
 
@@ -53,8 +54,78 @@ OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v
 #: HBM bytes an Adam step moves per parameter of its shard: read grad, master, m, v (16), write
 #: master, m, v (12), write the bf16 param (2).
 ADAM_STEP_BYTES = 30
+#: HBM bytes per parameter of a plain torch.optim.AdamW step (foreach, fp32 state) inside Megatron's
+#: mixed-precision optimizer, counted kernel by kernel (r = read, w = write, bytes per parameter):
+#: param.mul_(1 − lr·wd) r4 w4; exp_avg.lerp_(grad) r8 w4; exp_avg_sq.mul_ r4 w4;
+#: exp_avg_sq.addcmul_(grad, grad) r8 w4 (grad passed twice, read once); sqrt r4 w4; div_ by the
+#: bias correction r4 w4; add_(eps) r4 w4; param.addcdiv_(exp_avg, denom) r12 w4 → 84; plus
+#: Megatron: grad-norm r4, clip (grads × coef) r4 w4, fp32 main params → bf16 model params r4 w2
+#: → 98; with 2-byte grads also the copy of the model grads into fp32 main grads (r2 w4) → 104.
+#: (The H200 run: Qwen3-1.7B, 60 ms per step, issue 12.) A fused Adam does it all in one pass.
+TORCH_ADAMW_STEP_BYTES = 98
+#: Unfused core attention (Megatron's local DotProductAttention without TransformerEngine,
+#: masked_softmax_fusion off, softmax in fp32), HBM bytes per attention-score element:
+#: forward: baddbmm writes bf16 scores (w2), .float() (r2 w4), masked_fill_ (r4 w4 + the bool
+#: mask r1), softmax (r4 w4), back to bf16 (r4 w2), the probs·V bmm reads them (r2) → 33;
+#: backward: the grad of the probs (w2), grad V reads the probs (r2), bf16 → fp32 (r2 w4),
+#: softmax backward (r8 w4), masked_fill backward (r5 w4), fp32 → bf16 (r4 w2), the two
+#: matmuls of the baddbmm backward read the score grad (r4) → 41;
+#: kept for the backward: the fp32 softmax output (4) and the bf16 probs the bmm saves (2) → 6.
+UNFUSED_SCORE_FWD_BYTES = 33
+UNFUSED_SCORE_BWD_BYTES = 41
+UNFUSED_SCORE_KEPT_BYTES = 6
 #: Checkpoint write/read rate per node (simulated filesystem), bytes/s.
 CHECKPOINT_BYTES_PER_S = 2e9
+
+
+def grad_bytes(hw: HardwareSpec) -> int:
+    """Main-grad bytes per parameter of the profile's training stack (fp32 by default, bf16 when so described)."""
+    return int(hw.software.train_grad_bytes)
+
+
+def optimizer_step_bytes(hw: HardwareSpec) -> int:
+    """HBM bytes per parameter of one optimizer step: fused Adam, or torch AdamW kernel by kernel."""
+    if hw.software.train_optimizer == "torch":
+        return TORCH_ADAMW_STEP_BYTES + (6 if grad_bytes(hw) == 2 else 0)
+    return ADAM_STEP_BYTES
+
+
+def streaming_bytes_per_s(hw: HardwareSpec) -> float:
+    """Rate of memory-bound elementwise kernels (optimizer, unfused softmax): HBM × decode_bw_util."""
+    return hw.hbm_bytes_per_s * hw.efficiency.decode_bw_util
+
+
+def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1) -> tuple[float, float]:
+    """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
+
+    Flash attention (the default): FLOPs of `ModelSpec.sequence_flops` (causal) at train MFU,
+    backward = 2 × forward. Unfused attention (`software.train_attention = "unfused"`): the
+    score and value matmuls run over the full s × s matrix, and every score element costs
+    UNFUSED_SCORE_FWD/BWD_BYTES of memory traffic at the streaming rate; the matmuls' backward
+    is 2 × their forward (H200, Qwen3-1.7B: fwd 150 / bwd 220 ms at 1×4096, 185 / 300 ms at 4×2048).
+    """
+    flops = sum(model.sequence_flops(n) for n in lengths)
+    rate = ranks * hw.train_flops
+    if hw.software.train_attention != "unfused":
+        fwd = flops / rate
+        return fwd, 2.0 * fwd
+    causal = sum(4.0 * model.num_layers * model.num_attention_heads * model.head_dim * n * (n + 1) / 2
+                 for n in lengths)  # what sequence_flops counts for attention
+    matmul = (flops - causal + model.unfused_attention_flops(lengths)) / rate
+    elements = model.score_elements(lengths) / ranks
+    stream = streaming_bytes_per_s(hw)
+    return (matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream,
+            2.0 * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream)
+
+
+def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: int = 1, pp: int = 1,
+                recompute: Recompute = "none") -> float:
+    """Attention-score bytes kept for the backward on one rank: 0 with flash attention or selective
+    recompute (which drops exactly the core attention); one layer's with full recompute."""
+    if hw.software.train_attention != "unfused" or recompute == "selective":
+        return 0.0
+    kept = model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES
+    return kept / model.layers_per_stage(pp) if recompute == "full" else kept
 
 
 @dataclass(frozen=True)
@@ -175,45 +246,51 @@ class SimTrainer:
         params = self.params_per_gpu()
         return {
             "params": [p * PARAM_BYTES for p in params],
-            "grads": [p * GRAD_BYTES for p in params],
+            "grads": [p * grad_bytes(self.hw) for p in params],
             "optimizer": [math.ceil(p / shard) * OPTIMIZER_BYTES for p in params],
         }
 
-    def memory_plan(self, microbatch_tokens: int) -> dict[str, int]:
+    def memory_plan(self, microbatch_tokens: int, lengths: Sequence[int] | None = None) -> dict[str, int]:
         """Peak bytes per tag on the busiest actor GPU while training a micro-batch of `microbatch_tokens`
-        tokens (context, params, grads, optimizer, activations with the in-flight PP micro-batches)."""
+        tokens (context, params, grads, optimizer, activations with the in-flight PP micro-batches);
+        `lengths` are its sequences (None: one sequence), which matter with unfused attention."""
         state = self.state_bytes_per_gpu()
         plan = {TAG_CONTEXT: self.hw.cuda_context_bytes}
         plan.update({tag: max(sizes) for tag, sizes in state.items()})
-        plan["activations"] = self.activation_bytes(microbatch_tokens) * self.layout.pp  # ≤ PP in flight
+        plan["activations"] = self.activation_bytes(microbatch_tokens, lengths) * self.layout.pp  # ≤ PP in flight
         plan["total"] = sum(plan.values())
         return plan
 
-    def activation_bytes(self, tokens: int) -> int:
-        """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches included)."""
+    def activation_bytes(self, tokens: int, lengths: Sequence[int] | None = None) -> int:
+        """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches
+        included); with unfused attention also the s² scores of its sequences `lengths` (None: one sequence)."""
         lay = self.layout
         per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
                                                           sequence_parallel=lay.tp > 1)
-        return int(per_token * tokens / lay.cp)
+        scores = score_bytes(self.model, self.hw, [tokens] if lengths is None else lengths, lay.tp, lay.pp,
+                             self.recompute)
+        return int((per_token * tokens + scores) / lay.cp)
 
     # --- time ------------------------------------------------------------------------------------
     def _forward_seconds(self, lengths: Sequence[int]) -> float:
         """Forward of one micro-batch on its model-parallel group (the time of one stage × PP stages)."""
+        return self._compute_and_comm(lengths)[0]
+
+    def _compute_and_comm(self, lengths: Sequence[int]) -> tuple[float, float]:
+        """(forward, backward) of one micro-batch, each with the forward's TP collectives."""
         lay = self.layout
-        flops = sum(self.model.sequence_flops(n) for n in lengths)
-        compute = flops / (lay.tp * lay.pp * lay.cp * self.hw.train_flops)
+        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp)
         tokens = sum(lengths) / lay.cp
         # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
         act = tokens * self.model.hidden_size * self.model.dtype_bytes
         comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
             act, lay.tp, inter_node=lay.tp_crosses_nodes)
-        return compute + comm
+        return fwd + comm, bwd + 2.0 * comm
 
     def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
-        fwd = self._forward_seconds(lengths)
+        fwd, bwd = self._compute_and_comm(lengths)
         if not backward:
             return fwd, 0.0
-        bwd = 2.0 * fwd
         if self.recompute == "full":
             bwd += fwd
         return fwd, bwd
@@ -222,14 +299,14 @@ class SimTrainer:
         lay = self.layout
         params = max(self.params_per_gpu())
         shard = lay.dp * lay.cp if self.distributed_optimizer else 1
-        grads = params * GRAD_BYTES
+        grads = params * grad_bytes(self.hw)
         net = lay.dp_crosses_nodes
         if self.distributed_optimizer:
             reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp, inter_node=net)  # reduce-scatter
             gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp, inter_node=net)
         else:
             reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net), 0.0
-        step = math.ceil(params / shard) * ADAM_STEP_BYTES / (self.hw.hbm_bytes_per_s * self.hw.efficiency.decode_bw_util)
+        step = math.ceil(params / shard) * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
         return reduce + step + gather
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -300,7 +377,7 @@ class SimTrainer:
                 lengths = [rank_batch.total_lengths[i] for i in mb]
                 tokens = sum(lengths)
                 if backward:
-                    nbytes = self.activation_bytes(tokens) * inflight
+                    nbytes = self.activation_bytes(tokens, lengths) * inflight
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
                 sizes = dict.fromkeys(positions, nbytes)
