@@ -1,7 +1,12 @@
-"""A fake vLLM HTTP server for `httpx.MockTransport`: records every call and answers like vLLM 0.32 (dev mode, scale-out on)."""
+"""A fake vLLM HTTP server for `httpx.MockTransport`: records every call and answers like vLLM 0.32 (dev mode, scale-out on).
+
+`FakeVLLM` is stateless (fixed answers per route); `StatefulFakeVLLM` adds the engine state that
+the RolloutEngine conformance suite exercises (pause, sleep, weight-update session, version).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,3 +102,125 @@ class FakeVLLM:
 
     def paths(self) -> list[str]:
         return [c.path for c in self.calls]
+
+
+@dataclass
+class _Running:
+    """One generate held by `StatefulFakeVLLM`: tokens accrue with loop time while the scheduler runs."""
+
+    max_tokens: int
+    produced: float = 0.0
+    aborted: bool = False
+
+
+@dataclass
+class StatefulFakeVLLM(FakeVLLM):
+    """A small stateful model of a vLLM 0.32 server (engine core + executor), for the conformance suite.
+
+    What it keeps, as vLLM's EngineCore does: the scheduler's pause state (abort ends running
+    requests with their partial tokens; keep freezes them; wait drains them; requests arriving
+    while paused are held until resume), the executor's sleeping tags (sleep(level, mode) pauses
+    the scheduler with `mode` first; waking the last tag resumes it; /is_sleeping is "scheduler
+    paused or any tag asleep"), the weight-update session (start twice, update or finish without a
+    start answer 400) and the weight version stamped on responses. Requests decode one token per
+    `token_s` of loop time, always to max_tokens (finish "length"). `routes` still overrides.
+    """
+
+    token_s: float = 0.001
+    tick_s: float = 0.002
+    paused: str | None = None
+    sleeping_tags: set[str] = field(default_factory=set)
+    updating: bool = False
+    running: list[_Running] = field(default_factory=list)
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.async_handler)
+
+    async def async_handler(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        call = Call(request.method, request.url.path, list(request.url.params.multi_items()), body, request.headers)
+        self.calls.append(call)
+        route = self.routes.get((request.method, request.url.path))
+        if route is not None:
+            return route(call)
+        return await self.stateful(call)
+
+    def _error(self, status: int, message: str) -> httpx.Response:
+        return httpx.Response(status, json={"error": {"message": message, "code": status}})
+
+    async def _pause(self, mode: str) -> None:
+        if mode == "abort":
+            for r in self.running:
+                r.aborted = True
+        self.paused = mode
+        while mode != "keep" and self.running:  # abort: until the aborted answers left; wait: drained
+            await asyncio.sleep(self.tick_s)
+
+    async def _generate(self, call: Call) -> httpx.Response:
+        n = call.body["sampling_params"].get("max_tokens", 16)
+        while self.paused is not None:  # held until resume (a paused scheduler only queues adds)
+            await asyncio.sleep(self.tick_s)
+        run = _Running(n)
+        self.running.append(run)
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        try:
+            while not run.aborted and run.produced < n:
+                await asyncio.sleep(self.tick_s)
+                now = loop.time()
+                if self.paused != "keep":  # keep freezes; abort/wait let the step that is running land
+                    run.produced = min(float(n), max(run.produced + (now - last) / self.token_s, 1.0))
+                last = now
+        finally:
+            self.running.remove(run)
+        k = int(run.produced)
+        return httpx.Response(200, json=generate_response(
+            list(range(10, 10 + k)), finish="abort" if run.aborted else "length", version=self.version,
+            prompt_tokens=len(call.body["token_ids"])))
+
+    async def stateful(self, call: Call) -> httpx.Response:
+        key = (call.method, call.path)
+        params = dict(call.params)
+        if key == ("POST", "/inference/v1/generate"):
+            return await self._generate(call)
+        if key == ("POST", "/pause"):
+            if params.get("mode", "abort") not in ("abort", "wait", "keep"):
+                return self._error(400, f"Invalid pause mode: {params.get('mode')}")
+            await self._pause(params.get("mode", "abort"))
+            return httpx.Response(200, json={"status": "paused"})
+        if key == ("POST", "/resume"):
+            self.paused = None
+            return httpx.Response(200, json={"status": "resumed"})
+        if key == ("GET", "/is_paused"):
+            return httpx.Response(200, json={"is_paused": self.paused is not None})
+        if key == ("POST", "/sleep"):
+            await self._pause(params.get("mode", "abort"))
+            if int(params.get("level", 1)) >= 1 and not self.sleeping_tags:
+                self.sleeping_tags = {"weights", "kv_cache"}
+            return httpx.Response(200)
+        if key == ("POST", "/wake_up"):
+            tags = [v for k, v in call.params if k == "tags"] or ["weights", "kv_cache"]
+            self.sleeping_tags -= set(tags)  # unknown or awake tags: vLLM only logs a warning
+            if not self.sleeping_tags:
+                self.paused = None  # fully awake: the engine core resumes its scheduler
+            return httpx.Response(200)
+        if key == ("GET", "/is_sleeping"):
+            return httpx.Response(200, json={"is_sleeping": self.paused is not None or bool(self.sleeping_tags)})
+        if key == ("POST", "/abort_requests"):
+            for r in self.running:
+                r.aborted = True
+            return httpx.Response(200, json={"status": "aborted", "aborted": len(self.running)})
+        if key == ("POST", "/start_weight_update"):
+            if self.updating:
+                return self._error(400, "Weight update already in progress")
+            self.updating = True
+            return httpx.Response(200, json={"message": "Weight update started"})
+        if key == ("POST", "/update_weights"):
+            if not self.updating:
+                return self._error(400, "No weight update in progress; call start_weight_update first")
+            return httpx.Response(200, json={"message": "Weights updated"})
+        if key == ("POST", "/finish_weight_update"):
+            if not self.updating:
+                return self._error(400, "No weight update in progress")
+            self.updating = False
+        return self.default(call)
