@@ -1,0 +1,389 @@
+"""The simulator's structure against the H200 measurements kept in bench/data (issues 10 and 12), on a CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import simpy
+
+from vime.errors import ConfigError
+from vime.protocols import TAG_KV_CACHE, TAG_WEIGHTS, WeightBucket
+from vime.sim import clock
+from vime.sim.engine import EngineSettings, IterationModel, SimEngine, _Phase, sum_max_lines, sum_max_of_lines
+from vime.sim.hardware import HardwareSpec, Software, load_hardware
+from vime.sim.lengths import LengthSampler
+from vime.sim.memory import GiB, SimAllocator, SimCluster
+from vime.sim.models import load_model
+from vime.sim.trainer import (
+    ADAM_STEP_BYTES,
+    OPTIMIZER_BYTES,
+    PARAM_BYTES,
+    TORCH_ADAMW_STEP_BYTES,
+    compute_seconds,
+    grad_bytes,
+    optimizer_step_bytes,
+    score_bytes,
+    streaming_bytes_per_s,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "data"
+MEASURED = load_hardware("H200-141G-measured")
+H100 = load_hardware("H100-SXM-80G")
+QWEN3_4B = load_model("Qwen3-4B")
+QWEN3_17B = load_model("Qwen3-1.7B")
+VLLM = json.loads((DATA / "h200_vllm_0.25.1.json").read_text())
+CAL = json.loads((DATA / "h200_calibration.json").read_text())
+MEGATRON = next(r["result"] for r in CAL["megatron"]["runs"]
+                if r.get("result", {}).get("ok") and not r["result"].get("cumem"))
+
+
+def _compare_module() -> Any:
+    spec = importlib.util.spec_from_file_location("compare_calibration", ROOT / "bench" / "compare_calibration.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("compare_calibration", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _err(pred: float, measured: float) -> float:
+    return abs(pred - measured) / measured
+
+
+# --------------------------------------------------------------------------------------------
+# The preset and its schema
+# --------------------------------------------------------------------------------------------
+
+
+def test_measured_preset_records_its_provenance_and_software():
+    prov = dict(MEASURED.provenance)
+    assert {"machine", "driver", "date", "command"} <= set(prov)
+    assert prov["driver"] == CAL["env"]["driver"]
+    assert "calibrate.py" in prov["command"] and "H200" in prov["machine"]
+    assert MEASURED.software == Software("unfused", 2, "torch")
+    # measured rates, not datasheet ones
+    assert MEASURED.hbm_bytes_per_s == pytest.approx(CAL["hbm"]["bytes_per_s"])
+    # the round trip keeps the new sections
+    again = HardwareSpec.from_dict(MEASURED.to_dict())
+    assert again.software == MEASURED.software and again.provenance == MEASURED.provenance
+    assert again.efficiency == MEASURED.efficiency and again.vmm == MEASURED.vmm
+
+
+def test_datasheet_presets_keep_the_production_training_stack():
+    for name in ("H100-SXM-80G", "H200-141G", "A100-80G"):
+        hw = load_hardware(name)
+        assert hw.software == Software()
+        assert (grad_bytes(hw), optimizer_step_bytes(hw)) == (4, ADAM_STEP_BYTES)
+        assert score_bytes(QWEN3_4B, hw, [4096]) == 0.0
+        assert hw.efficiency.host_step_s == 0.0 and hw.efficiency.host_step_per_seq_s == 0.0
+
+
+@pytest.mark.parametrize(("section", "value", "needle"), [
+    ({"train_attention": "sdpa"}, None, "train_attention"),
+    ({"train_grad_bytes": 3}, None, "train_grad_bytes"),
+    ({"train_optimizer": "sgd"}, None, "train_optimizer"),
+    ({"fused_rope": True}, None, "unknown software"),
+])
+def test_bad_software_section_is_refused_by_name(section, value, needle):
+    data = H100.to_dict() | {"software": section}
+    with pytest.raises(ConfigError, match=needle):
+        HardwareSpec.from_dict(data)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine: host-bound steps, LM head once per request, closed form with the host floor
+# --------------------------------------------------------------------------------------------
+
+
+def _im(hw: HardwareSpec = MEASURED) -> IterationModel:
+    return IterationModel.build(hw, QWEN3_4B, EngineSettings(max_model_len=20480))
+
+
+def test_large_decode_batches_are_host_bound_small_ones_gpu_bound():
+    """vLLM 0.25.1 on the H200: per-step time 3.8 ms at B=1 but 20.9 ms at B=256 with ~8 ms of roofline."""
+    im = _im()
+    rows = {(r["batch"], r["max_tokens"]): r for r in VLLM["phases"]["decode"]}
+    ctx = 128 + 128  # mid-run context per request
+    big, small = 256, 1
+    assert im.time(big, big * ctx, big * ctx) == pytest.approx(im.host(big))
+    assert im.host(big) > im.gpu_time(big, big * ctx, big * ctx)
+    assert im.time(small, ctx, ctx) == pytest.approx(im.gpu_time(small, ctx, ctx))
+    # the step times the measurement implies, within 10 %
+    for b in (small, big):
+        per_step = rows[(b, 256)]["s_per_step"]
+        assert _err(im.time(b, b * ctx, b * ctx), per_step) < 0.10
+    # a constant overhead cannot do both: the old model's 3 ms + roofline is off by > 40 % at one end
+    old = dataclasses.replace(im, overhead_s=0.003, host_s=0.0, host_per_seq_s=0.0)
+    errs = [_err(old.time(b, b * ctx, b * ctx), rows[(b, 256)]["s_per_step"]) for b in (small, big)]
+    assert max(errs) > 0.4
+
+
+def test_prefill_counts_the_output_head_once_per_request():
+    im = _im()
+    t = 8192
+    flops = (im.gpu_time(t, 0, t * (t + 1) / 2, seqs=1) - im.fixed(t)) * im.flops_per_s * im.tp
+    assert flops == pytest.approx(QWEN3_4B.prefill_flops(t), rel=1e-9)
+    # decode (one token per request) still pays the head for every token
+    n = 64
+    dec = (im.gpu_time(n, 0, 0) - im.fixed(n))
+    assert dec == pytest.approx(max(im.weight_bytes / im.bytes_per_s,
+                                    n * QWEN3_4B.flops_per_token(0) / im.flops_per_s))
+
+
+def test_sum_max_of_lines_matches_brute_force():
+    rng = random.Random(7)
+    for _ in range(300):
+        lines = [(rng.uniform(-5, 5), rng.uniform(-1, 1)) for _ in range(rng.randint(1, 4))]
+        k = rng.randint(0, 60)
+        brute = sum(max(a + b * j for a, b in lines) for j in range(k))
+        assert sum_max_of_lines(lines, k) == pytest.approx(brute, abs=1e-9)
+    assert sum_max_of_lines([(1.0, 0.5), (3.0, -0.2)], 17) == pytest.approx(sum_max_lines(1.0, 0.5, 3.0, -0.2, 17))
+
+
+def test_phase_with_a_host_floor_equals_iteration_by_iteration():
+    im = _im()
+    for n, ctx0 in ((256, 256 * 129), (16, 16 * 129), (128, 128 * 5000)):
+        c, m0, m1, f0, f1 = im.decode_lines(n, ctx0)
+        phase = _Phase(500, c, m0, m1, f0, f1, im.host(n))
+        brute = sum(im.time(n, ctx0 + n * j, ctx0 + n * j) for j in range(500))
+        assert phase.elapsed(500) == pytest.approx(brute, rel=1e-12)
+        assert phase.done_by(phase.elapsed(200)) == 200
+
+
+def test_engine_decode_runs_match_vllm_within_10_percent():
+    """A SimEngine with the measured preset against vLLM's generate calls (B requests, prompt 128, n tokens)."""
+    for r in VLLM["phases"]["decode"]:
+        env = simpy.Environment()
+        settings = EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192,
+                                  gpu_memory_utilization=0.6)
+        e = SimEngine("e", env, MEASURED, QWEN3_4B, settings, LengthSampler(f"fixed:{r['max_tokens']}", seed=0),
+                      seed=0)
+        from vime.protocols import GenerateRequest
+
+        async def main(e: SimEngine = e, r: dict = r) -> float:
+            import asyncio
+            await asyncio.gather(*(e.generate(GenerateRequest(list(range(r["prompt_len"])),
+                                                              {"max_tokens": r["max_tokens"], "ignore_eos": True},
+                                                              request_id=f"q{i}"))
+                                   for i in range(r["batch"])))
+            return clock.now()
+
+        took = clock.run(main(), env=env)
+        assert _err(took, r["wall_s"]) < 0.10, (r["batch"], r["max_tokens"], took, r["wall_s"])
+
+
+# --------------------------------------------------------------------------------------------
+# Engine sleep / wake / weight update
+# --------------------------------------------------------------------------------------------
+
+
+def _sleep_cycles(engine: SimEngine, level: int, cycles: int) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+
+    async def main() -> None:
+        for _ in range(cycles):
+            t0 = clock.now()
+            await engine.sleep(level)
+            t1 = clock.now()
+            await engine.wake_up([TAG_WEIGHTS])
+            await engine.wake_up([TAG_KV_CACHE])
+            out.append((t1 - t0, clock.now() - t1))
+
+    clock.run(main(), env=engine.env)
+    return out
+
+
+def _vllm_engine(with_allocator: bool) -> SimEngine:
+    env = simpy.Environment()
+    settings = EngineSettings(max_model_len=20480, gpu_memory_utilization=0.6)
+    allocator = None
+    if with_allocator:
+        from vime.protocols import ENGINE_TAGS
+        from vime.sim.engine import NON_DEFERRABLE
+        cl = SimCluster.create(env, MEASURED, 1)
+        allocator = SimAllocator("e", cl.gpus, MEASURED, host=cl.host, known_tags=ENGINE_TAGS,
+                                 non_deferrable=NON_DEFERRABLE, pinned="persistent", env=env)
+    return SimEngine("e", env, MEASURED, QWEN3_4B, settings, LengthSampler("fixed:8", seed=0), seed=0,
+                     allocator=allocator)
+
+
+@pytest.mark.parametrize("with_allocator", [False, True])
+def test_engine_pins_host_memory_on_the_first_sleep_only(with_allocator):
+    """vLLM 0.25.1: level-1 sleep 4.21 s the first time, 0.26 s later (PyTorch's caching host allocator)."""
+    e = _vllm_engine(with_allocator)
+    times = _sleep_cycles(e, 1, 3)
+    first, later = times[0][0], [t for t, _ in times[1:]]
+    assert later[0] == pytest.approx(later[1])
+    # level 1 offloads weights and the (vime-modelled) runtime and graph tags; only the first sleep pins them
+    offloaded = e.kv.weight_bytes + e.kv.activation_peak_bytes + e.kv.cuda_graph_bytes
+    assert first - later[0] == pytest.approx(offloaded / GiB * MEASURED.vmm.pinned_alloc_s_per_gib, rel=1e-9)
+    measured = VLLM["phases"]["sleep_l1"]
+    assert _err(first, measured[0]["sleep_s"]) < 0.15
+    assert _err(later[0], statistics.median(r["sleep_s"] for r in measured[1:])) < 0.15
+
+
+def test_engine_sleep_and_wake_pay_a_fixed_call_cost():
+    """Level-2 sleep copies (almost) nothing yet took 0.07-0.10 s; waking only the KV cache 0.11-0.12 s."""
+    e = _vllm_engine(False)
+    _sleep_cycles(e, 1, 1)  # the pinned pool exists from here on, as in the measured run (L1 cycles first)
+    s, kv = e.settings, e.kv
+    # vime's level 2 still offloads the runtime and CUDA-graph tags (vime.protocols.sleep_offload_tags)
+    copied = kv.activation_peak_bytes + kv.cuda_graph_bytes
+    released = kv.weight_bytes + kv.kv_allocated_bytes + copied
+    out: list[float] = []
+
+    async def main() -> None:
+        t0 = clock.now()
+        await e.sleep(2)
+        out.append(clock.now() - t0)
+
+    clock.run(main(), env=e.env)
+    expected = (s.http_rtt_s + copied / MEASURED.d2h_bytes_per_s
+                + released / GiB * MEASURED.vmm.unmap_release_s_per_gib + s.sleep_call_s)
+    assert out[0] == pytest.approx(expected, rel=1e-9)
+    l2 = [r["sleep_s"] for r in VLLM["phases"]["sleep_l2_ipc"]]
+    assert min(l2) * 0.9 <= out[0] <= max(l2) * 1.15
+    kv_wake = statistics.median(r["wake_kv_s"] for r in VLLM["phases"]["sleep_l1"])
+    weights_wake = statistics.median(r["wake_weights_s"] for r in VLLM["phases"]["sleep_l1"])
+    pred = _sleep_cycles(_vllm_engine(False), 1, 2)[1][1]  # weights + KV wake of a later cycle
+    # the two wakes together within 20 % (the weights' copy-back alone is slower than the link: see the notes)
+    assert _err(pred, weights_wake + kv_wake) < 0.20
+
+
+def test_ipc_bucket_cost_matches_the_measured_per_bucket_time():
+    e = _vllm_engine(False)
+    sizes = VLLM["buckets"]["sizes"]
+    per_bucket = [e.bucket_seconds(WeightBucket([f"t{j}" for j in range(25)], ["bfloat16"] * 25, [[1]] * 25, n,
+                                                index=i)) for i, n in enumerate(sizes)]
+    measured = [t for r in VLLM["phases"]["sleep_l2_ipc"] for t in r["bucket_s"]]
+    assert _err(statistics.median(per_bucket), statistics.median(measured)) < 0.10
+
+
+# --------------------------------------------------------------------------------------------
+# Trainer: unfused attention, 2-byte grads, torch AdamW
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", MEGATRON["shapes"], ids=lambda e: f"{e['mbs']}x{e['seq']}")
+def test_megatron_local_spec_step_times(shape):
+    fwd, bwd = compute_seconds(QWEN3_17B, MEASURED, [shape["seq"]] * shape["mbs"])
+    assert _err(fwd, shape["fwd_s_median"]) < 0.10
+    assert _err(bwd, shape["bwd_s_median"]) < 0.10
+    assert optimizer_step_bytes(MEASURED) == TORCH_ADAMW_STEP_BYTES + 6  # + copying 2-byte grads into fp32
+    opt = QWEN3_17B.num_params() * optimizer_step_bytes(MEASURED) / streaming_bytes_per_s(MEASURED)
+    assert _err(opt, shape["opt_s_median"]) < 0.10
+    # the fused-Adam assumption (30 B/param) is > 60 % short of the torch AdamW run
+    fused = dataclasses.replace(MEASURED, software=dataclasses.replace(MEASURED.software, train_optimizer="fused"))
+    assert optimizer_step_bytes(fused) == ADAM_STEP_BYTES
+    assert _err(opt * ADAM_STEP_BYTES / optimizer_step_bytes(MEASURED), shape["opt_s_median"]) > 0.6
+
+
+def test_unfused_attention_computes_the_full_square_and_streams_the_scores():
+    lengths = [2048] * 4
+    flash = dataclasses.replace(MEASURED, software=Software())
+    f_fwd, f_bwd = compute_seconds(QWEN3_17B, flash, lengths)
+    assert f_bwd == pytest.approx(2 * f_fwd)
+    u_fwd, u_bwd = compute_seconds(QWEN3_17B, MEASURED, lengths)
+    full_minus_causal = sum(4.0 * QWEN3_17B.num_layers * QWEN3_17B.num_attention_heads * QWEN3_17B.head_dim
+                            * n * (n - 1) / 2 for n in lengths)
+    stream = QWEN3_17B.score_elements(lengths) / streaming_bytes_per_s(MEASURED)
+    assert u_fwd - f_fwd == pytest.approx(full_minus_causal / MEASURED.train_flops + 33 * stream, rel=1e-9)
+    assert u_bwd - f_bwd == pytest.approx(2 * full_minus_causal / MEASURED.train_flops + 41 * stream, rel=1e-9)
+
+
+@pytest.mark.parametrize("shape", MEGATRON["shapes"], ids=lambda e: f"{e['mbs']}x{e['seq']}")
+def test_megatron_local_spec_peak_memory(shape):
+    """Scores (6 B each: fp32 softmax output + bf16 probs) and 2-byte grads: within 20 % of the peak, from -55 %."""
+    lengths = [shape["seq"]] * shape["mbs"]
+    params = QWEN3_17B.num_params()
+    act = QWEN3_17B.activation_bytes_per_token(1, 1, "none", sequence_parallel=False) * sum(lengths)
+    pred = params * (PARAM_BYTES + grad_bytes(MEASURED) + OPTIMIZER_BYTES) + act + score_bytes(QWEN3_17B, MEASURED, lengths)
+    assert _err(pred, shape["peak_allocated_bytes"]) < 0.20
+    assert score_bytes(QWEN3_17B, MEASURED, lengths) == 6 * QWEN3_17B.score_elements(lengths)
+    # state after init was measured too: 16 B/param with 2-byte grads
+    assert params * (PARAM_BYTES + grad_bytes(MEASURED) + OPTIMIZER_BYTES) == pytest.approx(
+        MEGATRON["state_bytes_after_init"], rel=0.01)
+    # recompute: selective drops the scores, full keeps one layer's
+    assert score_bytes(QWEN3_17B, MEASURED, lengths, recompute="selective") == 0.0
+    assert score_bytes(QWEN3_17B, MEASURED, lengths, recompute="full") == pytest.approx(
+        score_bytes(QWEN3_17B, MEASURED, lengths) / QWEN3_17B.num_layers)
+
+
+def test_sim_trainer_uses_the_profiles_software():
+    from vime.config import parse_args
+    from vime.sim.trainer import SimTrainer
+    args = parse_args(["--no-colocate", "--no-offload-train", "--rollout-num-gpus", "8"], command="simulate")
+    plans = {}
+    for name, hw in (("flash", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes)),
+                     ("unfused", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes,
+                                                     software=Software("unfused", 2, "torch")))):
+        cl = SimCluster.create(simpy.Environment(), hw, 8)
+        tr = SimTrainer(args, QWEN3_4B, cl)
+        plans[name] = (tr, tr.memory_plan(2048, [1024, 1024]), tr._optimizer_seconds())
+    (_, pf, of), (tu, pu, ou) = plans["flash"], plans["unfused"]
+    assert pu["grads"] * 2 == pf["grads"]
+    lay = tu.layout
+    extra = score_bytes(QWEN3_4B, tu.hw, [1024, 1024], lay.tp, lay.pp)
+    assert extra > 0 and pu["activations"] - pf["activations"] == pytest.approx(extra * lay.pp / lay.cp, abs=2)
+    assert ou > of
+
+
+# --------------------------------------------------------------------------------------------
+# Allocator: a cold resume frees its pinned buffer
+# --------------------------------------------------------------------------------------------
+
+
+def test_cold_resume_pays_freeing_the_pinned_buffer():
+    """torch_memory_saver at 8 GiB: resume 0.82 s measured, 0.14 s for the copy alone."""
+    runs = [r["result"] for r in CAL["cumem"]["runs"] if (r.get("result") or {}).get("method") == "tms"
+            and (r.get("result") or {}).get("gib") == 8]
+    assert runs
+    res = runs[0]
+    kept = res["kept_bytes"]
+
+    def resume(pinned: str) -> float:
+        cl = SimCluster.create(simpy.Environment(), MEASURED, 1)
+        a = SimAllocator("actor", cl.gpus, MEASURED, host=cl.host, known_tags=("params", "optimizer"),
+                         pinned=pinned, env=cl.env)
+        a.allocate("params", kept)
+        out: list[float] = []
+
+        async def main() -> None:
+            await a.sleep(["params"])
+            t0 = clock.now()
+            await a.wake_up()
+            out.append(clock.now() - t0)
+
+        clock.run(main(), env=cl.env)
+        return out[0]
+
+    cold, persistent = resume("cold"), resume("persistent")
+    assert cold - persistent == pytest.approx(kept / GiB * MEASURED.vmm.pinned_free_s_per_gib, rel=1e-9)
+    measured = statistics.median(c["resume_s"] for c in res["cycles"])
+    assert _err(cold, measured) < 0.15
+    assert _err(persistent, measured) > 0.5  # without the free the model was 83 % short
+
+
+# --------------------------------------------------------------------------------------------
+# The whole comparison
+# --------------------------------------------------------------------------------------------
+
+
+def test_comparison_counts_improve_and_stay():
+    mod = _compare_module()
+    rows = mod.rows_for(MEASURED, CAL, VLLM)
+    judged = [r for r in rows if r["group"] != "hardware"]
+    within = [r for r in judged if abs(r["error_pct"]) <= 10]
+    assert len(judged) == 80
+    assert len(within) >= 55
+    assert all(math.isfinite(r["predicted"]) for r in rows)
