@@ -2,7 +2,9 @@
 
 The factory returns a `TrainerSubject` whose trainer is initialised and awake, a coroutine
 runner (virtual clock or asyncio.run), a batch maker for a rollout id, and the number of bytes a
-full weight export must yield (the bf16 model). Each `check_*` builds a fresh subject.
+full weight export must yield (the model in the dtype the trainer exports), and where a
+checkpoint may be written. Each `check_*` builds a fresh subject (an implementation too costly to
+start per check may hand back the same trainer, brought back to awake).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class TrainerSubject:
     run: Callable[[Coroutine[Any, Any, Any]], Any]
     make_batch: Callable[[int], Any]
     export_bytes: int
+    #: Where check_checkpoint_round_trip saves (a real trainer writes files there; the simulator only keys on it).
+    checkpoint_dir: str = "ckpt"
 
 
 Factory = Callable[[], TrainerSubject]
@@ -84,8 +88,9 @@ def check_export_buckets(make: Factory, bucket_bytes: int = 64 * 1024**2) -> Non
 
 def check_checkpoint_round_trip(make: Factory) -> None:
     s = make()
-    s.run(s.trainer.save_checkpoint(3, "ckpt/iter_3"))
-    assert s.run(s.trainer.load_checkpoint("ckpt/iter_3")) == 4
+    path = f"{s.checkpoint_dir}/iter_3"
+    s.run(s.trainer.save_checkpoint(3, path))
+    assert s.run(s.trainer.load_checkpoint(path)) == 4
 
 
 ALL_CHECKS: tuple[Callable[[Factory], None], ...] = (

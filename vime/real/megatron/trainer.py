@@ -143,7 +143,10 @@ class MegatronTrainer:
         except Exception as exc:
             raise TrainerError(f"train(rollout {rollout_id}) failed on a rank: {exc}") from exc
         self.lifecycle.apply("train")
-        return fold_metrics(rollout_id, results)
+        # TrainMetrics.tokens counts the trained (loss-masked) tokens, as the simulator does (the
+        # conformance suite); what the ranks processed, prompts and padding included, goes to extra.
+        trained = sum(len(m) - m.count(0) for m in batch.loss_masks)
+        return fold_metrics(rollout_id, results, trained_tokens=trained)
 
     async def compute_log_prob(self, batch: Any) -> list[list[float]]:
         """Log-probs of every row's response tokens under the current weights, in batch row order."""
@@ -230,11 +233,16 @@ class _Cluster:
         self.rollout_num_gpus_per_engine = 1
 
 
-def fold_metrics(rollout_id: int, results: list[dict[str, Any]]) -> TrainMetrics:
-    """One TrainMetrics from every rank's answer: means over DP ranks (TP rank 0 of each), token sums."""
+def fold_metrics(rollout_id: int, results: list[dict[str, Any]], *, trained_tokens: int | None = None) -> TrainMetrics:
+    """One TrainMetrics from every rank's answer: means over DP ranks (TP rank 0 of each), token sums.
+
+    `tokens` is `trained_tokens` (the batch's loss-masked tokens) when given, else the processed
+    tokens the ranks report; ``extra["tokens_per_s"]`` is always processed tokens per second.
+    """
     heads = [r for r in results if r["tp_rank"] == 0] or results
     n = len(heads)
-    tokens = sum(int(r["tokens"]) for r in heads)
+    processed = sum(int(r["tokens"]) for r in heads)
+    tokens = processed if trained_tokens is None else trained_tokens
     elapsed = max(float(r["train_time"]) for r in results)
     return TrainMetrics(
         rollout_id=rollout_id,
@@ -245,5 +253,6 @@ def fold_metrics(rollout_id: int, results: list[dict[str, Any]]) -> TrainMetrics
         tokens=tokens,
         num_steps=int(heads[0]["num_steps"]),
         recomputed_log_probs=bool(heads[0]["recomputed_log_probs"]),
-        extra={"train_time": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0},
+        extra={"train_time": elapsed, "processed_tokens": float(processed),
+               "tokens_per_s": processed / elapsed if elapsed > 0 else 0.0},
     )
