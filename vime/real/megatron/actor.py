@@ -679,6 +679,12 @@ class MegatronActor:
         if self._ipc is not None:
             self._ipc.end(ack, abort=abort)
 
+    def ipc_export_info(self) -> dict[str, Any]:
+        """The staging buffer's size, address and allocation count (tests check it is reused)."""
+        st = self._ipc.staging if self._ipc is not None else None
+        return {"allocations": st.allocations if st else 0, "capacity": st.capacity if st else 0,
+                "address": st.buffer.data_ptr() if st and st.buffer is not None else 0}
+
     def load_hf(self, path: str) -> None:
         """Load HF safetensors from `path` into this rank's shards (HF → Megatron full → shard)."""
         hf = mmodel.read_hf_safetensors(path)
