@@ -10,6 +10,7 @@ import torch
 
 from vime.real import ipc_weights as iw
 
+
 def _receiver(inbox, outbox) -> None:
     """A stand-in vLLM worker: for each update_info it looks up its GPU's UUID, rebuilds every tensor
     with its own device index and copies it out (vLLM's load_weights copies too), then replies = ack."""
