@@ -15,9 +15,10 @@ Scheduler (vLLM v1, simplified but faithful in what costs time and memory):
   is preempted by recompute (its blocks are freed, it goes back to the front of the queue and
   later re-prefills prompt + generated tokens); no admissions happen in an iteration that
   preempted. Every request therefore still finishes.
-- Iteration time is a roofline per GPU: max(weights + KV bytes read / (HBM · decode_bw_util),
-  FLOPs / (peak · prefill_mfu)) + TP all-reduce (two per layer over NVLink, bandwidth and
-  latency) + the fixed scheduler overhead.
+- Iteration time is a roofline per GPU: max(weights / weight rate + KV bytes read / (HBM ·
+  decode_bw_util), FLOPs / (peak · prefill_mfu)) + TP all-reduce (two per layer over NVLink,
+  bandwidth and latency) + the GPU launch overhead (more past the CUDA-graph sizes), bounded
+  below by the engine's CPU step (a + b · requests), which overlaps the GPU (`IterationModel`).
 
 Closed form (the performance requirement): between events, the running set is decoding in
 lockstep, so iteration j costs C + max(m0 + m1·j, f0 + f1·j) and the blocks it needs follow a
@@ -114,6 +115,9 @@ class EngineSettings:
     #: CUDA graphs captured for decode batch sizes up to 512: vLLM logs ~0.3–1 GiB per GPU
     #: ("Graph capturing finished ... took X GiB") for 1–14B models; estimate.
     cuda_graph_bytes: int = 512 * MiB
+    #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
+    #: kernel and pay `Efficiency.eager_iteration_s` (vLLM's default capture sizes end at 512).
+    cuda_graph_max_tokens: int = 512
     #: Latency of one NCCL/custom all-reduce on NVLink (small messages); estimate.
     allreduce_latency_s: float = 8e-6
     #: One HTTP control round trip (pause, resume, sleep/wake request, weight-update call); estimate.
@@ -282,8 +286,9 @@ def sum_max_lines(m0: float, m1: float, f0: float, f1: float, k: int) -> float:
 class IterationModel:
     """Per-iteration time of one engine (per GPU of its TP group, all ranks in lockstep).
 
-    GPU time = overhead + all-reduce(tokens) + max(bytes / decode bandwidth, FLOPs / (TP · prefill FLOP/s))
-    with bytes = weights + kv_bytes_per_token · (context tokens read) and FLOPs = the body for
+    GPU time = overhead (+ eager launch cost past the CUDA-graph sizes) + all-reduce(tokens)
+    + max(weights / weight rate + KV bytes read / KV rate, FLOPs / (TP · prefill FLOP/s)),
+    KV bytes = kv_bytes_per_token · (context tokens read), and FLOPs = the body for
     every computed token, the output head once per scheduled request (vLLM computes logits only
     at each request's last position, so a prefill chunk pays it once, not per prompt token) and
     the attention, linear in the attended context.
@@ -297,7 +302,7 @@ class IterationModel:
 
     weight_bytes: float
     kv_bytes_per_token: float
-    bytes_per_s: float
+    bytes_per_s: float  # KV reads (and the weights unless weight_bytes_per_s is set)
     flops_per_s: float  # per GPU, effective
     flops_base: float  # per token, whole model, without attention and without the output head
     flops_per_ctx: float  # per token per attended context token, whole model
@@ -308,6 +313,9 @@ class IterationModel:
     flops_head: float = 0.0  # per sampled position (one per scheduled request), whole model
     host_s: float = 0.0  # CPU work per step, overlapped with the GPU
     host_per_seq_s: float = 0.0  # + per scheduled request
+    weight_bytes_per_s: float = 0.0  # weights streamed per step (0: bytes_per_s)
+    eager_s: float = 0.0  # launch cost of an iteration past the CUDA graphs
+    graph_max_tokens: int = 512
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
@@ -321,19 +329,24 @@ class IterationModel:
         return cls(float(model.weight_bytes(tp)), float(model.kv_bytes_per_token(tp)),
                    hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
                    eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp), lat,
-                   model.lm_head_flops_per_token(), eff.host_step_s, eff.host_step_per_seq_s)
+                   model.lm_head_flops_per_token(), eff.host_step_s, eff.host_step_per_seq_s,
+                   hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens)
 
     def host(self, seqs: int) -> float:
         """The engine's CPU time of one step with `seqs` scheduled requests."""
         return self.host_s + self.host_per_seq_s * seqs
 
     def fixed(self, tokens: int) -> float:
-        return self.overhead_s + self.allreduce_latency_s + self.allreduce_per_token_s * tokens
+        eager = self.eager_s if tokens > self.graph_max_tokens else 0.0
+        return self.overhead_s + eager + self.allreduce_latency_s + self.allreduce_per_token_s * tokens
+
+    def _weights_s(self) -> float:
+        return self.weight_bytes / (self.weight_bytes_per_s or self.bytes_per_s)
 
     def gpu_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """The GPU's part of an iteration (what a bare PyTorch forward of the same shapes takes)."""
         seqs = tokens if seqs is None else seqs
-        mem = (self.weight_bytes + self.kv_bytes_per_token * kv_read_tokens) / self.bytes_per_s
+        mem = self._weights_s() + self.kv_bytes_per_token * kv_read_tokens / self.bytes_per_s
         comp = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) \
             / self.tp / self.flops_per_s
         return self.fixed(tokens) + max(mem, comp)
@@ -347,7 +360,7 @@ class IterationModel:
     def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
         """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
         to ctx0 at j = 0 (the host floor is `host(n)`)."""
-        m0 = (self.weight_bytes + self.kv_bytes_per_token * ctx0) / self.bytes_per_s
+        m0 = self._weights_s() + self.kv_bytes_per_token * ctx0 / self.bytes_per_s
         m1 = self.kv_bytes_per_token * n / self.bytes_per_s
         scale = 1.0 / (self.tp * self.flops_per_s)
         f0 = ((self.flops_base + self.flops_head) * n + self.flops_per_ctx * ctx0) * scale

@@ -19,6 +19,8 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_mfu": 0.40,                        # Megatron fwd+bwd FLOPs / (bf16_flops * time)
         "prefill_mfu": 0.55,                      # engine prefill FLOPs / (bf16_flops * time)
         "decode_bw_util": 0.75,                   # engine decode bytes read / (hbm_bytes_per_s * time)
+        "decode_weight_bw_util": 0.0,             # the weights' part of a decode step, if apart (optional, 0 = same)
+        "eager_iteration_s": 0.0,                 # GPU launch cost of an iteration past the CUDA graphs (optional)
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
         "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
         "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
@@ -71,6 +73,15 @@ class Efficiency:
     train_mfu: float = 0.40
     prefill_mfu: float = 0.55
     decode_bw_util: float = 0.75
+    #: Weights streamed by a decode step, as a fraction of HBM: a whole step of GEMVs with the
+    #: norms, RoPE and small kernels between them reads the weights slower than attention reads
+    #: the KV cache (H200, Qwen3-4B shapes, CUDA graphs: 2.2 TB/s for weights, 3.0 TB/s for KV,
+    #: all 10 decode shapes within 9 %). 0 = decode_bw_util (one rate for both).
+    decode_weight_bw_util: float = 0.0
+    #: GPU-side launch cost of an engine iteration that runs without CUDA graphs (more tokens than
+    #: the captured sizes, EngineSettings.cuda_graph_max_tokens): ~2.8 ms for the 36-layer eager
+    #: prefill stack on the H200 (the constant of its 1024/4096/16384-token times).
+    eager_iteration_s: float = 0.0
     iteration_overhead_s: float = 0.003
     #: vLLM's CPU work per engine step (scheduling, input preparation, output processing):
     #: host_step_s + host_step_per_seq_s · scheduled requests. It overlaps the GPU's work (async
@@ -156,6 +167,11 @@ class HardwareSpec:
     @property
     def decode_bytes_per_s(self) -> float:
         return self.hbm_bytes_per_s * self.efficiency.decode_bw_util
+
+    @property
+    def decode_weight_bytes_per_s(self) -> float:
+        """Rate at which a decode step streams the weights (decode_weight_bw_util, else decode_bw_util)."""
+        return self.hbm_bytes_per_s * (self.efficiency.decode_weight_bw_util or self.efficiency.decode_bw_util)
 
     @property
     def allreduce_bytes_per_s(self) -> float:
@@ -288,7 +304,8 @@ class HardwareSpec:
             host_link_d2h_bytes_per_s=number("host_link_d2h_bytes_per_s", data["host_link_d2h_bytes_per_s"]),
             cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
             internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
-            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s"})),
+            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s",
+                                                         "decode_weight_bw_util", "eager_iteration_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,
             sources=tuple(sorted(sources.items())),
