@@ -172,16 +172,17 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
             add("vLLM 0.25.1 (Qwen3-4B shapes, random weights)", f"prefill {r['prompt_len']} tokens (+1 decode)",
                 min(same), prefill_seconds(im, r["prompt_len"]) + im.time(1, r["prompt_len"], r["prompt_len"]), "s")
         wbytes = vllm.get("weight_bytes", m4.weight_bytes())
+        tensors = len(m4.hf_weight_shapes())  # one allocation each in vLLM's backup loop
         for row in ph.get("sleep_l1", []):
             c = row["cycle"]
             kv = row["free_asleep"] - row["free_awake"] - wbytes
             # Persistent pinned pool: only the first sleep pins (PyTorch's caching host allocator keeps it).
             pin = wbytes if c == 0 else 0
             add("vLLM sleep/wake", f"sleep level 1, cycle {c}", row["sleep_s"],
-                _pause(hw, wbytes, wbytes + kv, pin) + settings.sleep_call_s, "s",
-                "pins host memory on the first sleep only; + EngineSettings.sleep_call_s")
+                _pause(hw, wbytes, wbytes + kv, pin) + settings.sleep_call_s + settings.sleep_per_tensor_s * tensors,
+                "s", "pins host memory on the first sleep only; + call and per-tensor costs (EngineSettings)")
             add("vLLM sleep/wake", f"wake weights (L1), cycle {c}", row["wake_weights_s"],
-                _resume(hw, wbytes, wbytes) + settings.wake_call_s, "s")
+                _resume(hw, wbytes, wbytes) + settings.wake_call_s + settings.wake_per_tensor_s * tensors, "s")
             add("vLLM sleep/wake", f"wake kv_cache (L1), cycle {c}", row["wake_kv_s"],
                 _resume(hw, 0, kv) + settings.wake_call_s, "s")
         for row in ph.get("sleep_l2_ipc", []):

@@ -286,6 +286,44 @@ def test_engine_sleep_and_wake_pay_a_fixed_call_cost():
     assert _err(pred, weights_wake + kv_wake) < 0.20
 
 
+def test_weight_backup_and_restore_pay_per_tensor():
+    """vLLM's CuMem allocator copies allocation by allocation: only offloaded (copied) weights pay per tensor."""
+    e = _vllm_engine(False)
+    (first_sleep, _), (later_sleep, later_wake) = _sleep_cycles(e, 1, 2)
+    s, kv, hw = e.settings, e.kv, MEASURED
+    tensors = len(QWEN3_4B.hf_weight_shapes())
+    copied = kv.weight_bytes + kv.activation_peak_bytes + kv.cuda_graph_bytes
+    released = copied + kv.kv_allocated_bytes
+    assert later_sleep == pytest.approx(s.http_rtt_s + copied / hw.d2h_bytes_per_s
+                                        + released / GiB * hw.vmm.unmap_release_s_per_gib
+                                        + s.sleep_call_s + s.sleep_per_tensor_s * tensors, rel=1e-9)
+    # the two wakes: weights (copied back, per tensor) then the KV cache (mapped only)
+    assert later_wake == pytest.approx(2 * s.http_rtt_s + released / GiB * hw.vmm.create_map_s_per_gib
+                                       + copied / hw.h2d_bytes_per_s + 2 * s.wake_call_s
+                                       + s.wake_per_tensor_s * tensors, rel=1e-9)
+    measured = statistics.median(r["wake_weights_s"] for r in VLLM["phases"]["sleep_l1"])
+    kv_part = released - copied
+    weights_wake = later_wake - (s.http_rtt_s + kv_part / GiB * hw.vmm.create_map_s_per_gib + s.wake_call_s)
+    assert _err(weights_wake, measured) < 0.10
+    # a level-2 sleep discards the weights: no per-tensor term
+    e2 = _vllm_engine(False)
+    _sleep_cycles(e2, 1, 1)
+    out: list[float] = []
+
+    async def main() -> None:
+        t0 = clock.now()
+        await e2.sleep(2)
+        out.append(clock.now() - t0)
+        t1 = clock.now()
+        await e2.wake_up([TAG_WEIGHTS])
+        out.append(clock.now() - t1)
+
+    clock.run(main(), env=e2.env)
+    assert out[1] == pytest.approx(s.http_rtt_s + (kv.weight_bytes + copied - kv.weight_bytes) / GiB
+                                   * hw.vmm.create_map_s_per_gib + (copied - kv.weight_bytes) / hw.h2d_bytes_per_s
+                                   + s.wake_call_s, rel=1e-6)
+
+
 def test_ipc_bucket_cost_matches_the_measured_per_bucket_time():
     e = _vllm_engine(False)
     sizes = VLLM["buckets"]["sizes"]

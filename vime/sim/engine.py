@@ -73,6 +73,7 @@ from vime.protocols import (
     GenerateRequest,
     GenerateResult,
     PauseMode,
+    TagState,
     WeightBucket,
     sleep_offload_tags,
 )
@@ -133,6 +134,14 @@ class EngineSettings:
     #: Fixed engine-side cost of one wake_up call that maps something: waking the KV cache (map
     #: only) took 0.11–0.12 s on the H200 with vLLM 0.25.1, ~0.012 s of it mapping.
     wake_call_s: float = 0.1
+    #: vLLM's CuMem allocator backs up and restores allocation by allocation (a Python loop with a
+    #: synchronous cudaMemcpy and the (un)map of each); one weight tensor is one allocation. Per
+    #: tensor, beyond the bytes at the host-link rate, on the H200 with vLLM 0.25.1 (Qwen3-4B,
+    #: 399 tensors, 8 GB): level-1 sleep after the first 0.26 s against 0.225 s of copy, unmap and
+    #: call → ~80 µs; waking the weights 0.32 s against 0.245 s → ~180 µs. Only offloaded
+    #: (copied) weights pay it: a level-2 sleep, which copies nothing, measured no such term.
+    sleep_per_tensor_s: float = 80e-6
+    wake_per_tensor_s: float = 180e-6
     #: Per tensor in a bucket: vLLM's load_weights Python dispatch; estimate.
     load_per_tensor_s: float = 20e-6
     #: Bytes/s a TP rank reads weights from the trainer's buffer and writes its shard: None =
@@ -512,6 +521,7 @@ class SimEngine:
         self.lifecycle = EngineLifecycle(name)
         self.kv = plan_kv_cache(hardware, model, settings)
         self.cost = IterationModel.build(hardware, model, settings)
+        self._weight_tensors = len(model.hf_weight_shapes())  # allocations vLLM's backup loop walks
         self.stats = EngineStats(kv_blocks_total=self.kv.num_blocks)
         self.events: list[tuple[Any, ...]] | None = [] if record_events else None
         self.eos_token_id = int(getattr(model, "eos_token_id", 151645) or 151645)
@@ -1095,7 +1105,8 @@ class SimEngine:
         offload = sleep_offload_tags(level)
         discard = tuple(t for t in (TAG_WEIGHTS, TAG_KV_CACHE) if t not in offload)
         await self._mem_sleep(offload, discard)
-        await self._pause_for(self.settings.sleep_call_s)
+        copies = self._weight_tensors if TAG_WEIGHTS in offload else 0
+        await self._pause_for(self.settings.sleep_call_s + self.settings.sleep_per_tensor_s * copies)
         self.lifecycle.on_sleep(level)
         self._log("sleep", level)
         await self._pause_for(self.settings.http_rtt_s / 2)
@@ -1117,8 +1128,10 @@ class SimEngine:
             chosen += [t for t in NON_DEFERRABLE if t in asleep]
         await self._pause_for(self.settings.http_rtt_s / 2)
         if chosen:
+            restored = TAG_WEIGHTS in chosen and self._offloaded(TAG_WEIGHTS)
             await self._mem_wake(chosen)
-            await self._pause_for(self.settings.wake_call_s)
+            copies = self._weight_tensors if restored else 0
+            await self._pause_for(self.settings.wake_call_s + self.settings.wake_per_tensor_s * copies)
         self.lifecycle.on_wake(normalized)
         self._log("wake_up", tuple(chosen))
         if self.lifecycle.memory is EngineMemory.AWAKE:
@@ -1131,6 +1144,12 @@ class SimEngine:
         """True while any of weights / kv_cache is released (the memory state, not the pause flag)."""
         self._alive("is_sleeping")
         return self.lifecycle.memory is not EngineMemory.AWAKE
+
+    def _offloaded(self, tag: str) -> bool:
+        """`tag` is asleep with its contents in host memory (it will be copied back on wake)."""
+        if self.allocator is not None:
+            return self.allocator.lifecycle.state(tag) is TagState.OFFLOADED
+        return self._tags_asleep.get(tag) == "offloaded"
 
     def _asleep_tags(self) -> list[str]:
         if self.allocator is not None:
