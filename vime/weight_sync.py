@@ -45,10 +45,18 @@ async def publish_weights(trainer: Trainer, engines: Sequence[RolloutEngine], ve
     await asyncio.gather(*(e.start_weight_update() for e in engines))
     # seed steps 48–50
     buckets = nbytes = 0
-    async for bucket in trainer.export_weights(bucket_bytes):
-        await asyncio.gather(*(e.update_weights(bucket) for e in engines))
-        buckets += 1
-        nbytes += bucket.nbytes
+    export = trainer.export_weights(bucket_bytes)
+    try:
+        async for bucket in export:
+            await asyncio.gather(*(e.update_weights(bucket) for e in engines))
+            buckets += 1
+            nbytes += bucket.nbytes
+    finally:
+        # Close the export at once, also when an engine failed mid-way: a CUDA-IPC export holds
+        # its staging buffer until then, and the garbage collector's finaliser runs too late.
+        aclose = getattr(export, "aclose", None)
+        if aclose is not None:
+            await aclose()
     # seed step 51
     await asyncio.gather(*(e.finish_weight_update(version) for e in engines))
     # seed step 52
