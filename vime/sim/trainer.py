@@ -120,12 +120,21 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
 
 def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: int = 1, pp: int = 1,
                 recompute: Recompute = "none") -> float:
-    """Attention-score bytes kept for the backward on one rank: 0 with flash attention or selective
-    recompute (which drops exactly the core attention); one layer's with full recompute."""
-    if hw.software.train_attention != "unfused" or recompute == "selective":
+    """What unfused attention keeps for the backward on one rank beyond `ModelSpec.activation_bytes_per_token`
+    (0 with flash attention): UNFUSED_SCORE_KEPT_BYTES per score element, and per token and layer
+    the RoPE'd query and the K and V expanded to every query head for the baddbmm / bmm
+    (3 · b · heads/TP · head_dim; GQA's repeat_interleave). Selective recompute drops the core
+    attention (scores and expansions) but keeps its query input; full recompute keeps one layer's.
+    """
+    if hw.software.train_attention != "unfused":
         return 0.0
-    kept = model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES
-    return kept / model.layers_per_stage(pp) if recompute == "full" else kept
+    layers = model.layers_per_stage(pp)
+    per_token = model.dtype_bytes * (model.num_attention_heads // tp) * model.head_dim
+    tokens = sum(lengths)
+    if recompute == "selective":
+        return float(layers * per_token * tokens)
+    kept = model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES + layers * 3 * per_token * tokens
+    return kept / layers if recompute == "full" else kept
 
 
 @dataclass(frozen=True)
