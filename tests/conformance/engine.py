@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from vime.errors import LifecycleError, UnknownTagError
+from vime.errors import ConfigError, EngineError, LifecycleError, UnknownTagError
 from vime.protocols import GenerateRequest, RolloutEngine, WeightBucket
 
 
@@ -26,6 +26,11 @@ def default_bucket(index: int = 0, nbytes: int = 1 << 20) -> WeightBucket:
     """A one-tensor bucket described by size only (enough for the simulator)."""
     return WeightBucket(names=[f"model.layers.{index}.mlp.down_proj.weight"], dtype_names=["bfloat16"],
                         shapes=[[nbytes // 2]], nbytes=nbytes, index=index)
+
+
+def negative_bucket() -> WeightBucket:
+    """A bucket no engine can load (a negative size: the simulator answers it as vLLM answers a bad bucket)."""
+    return WeightBucket(names=["model.norm.weight"], dtype_names=["bfloat16"], shapes=[[8]], nbytes=-16, index=0)
 
 
 @dataclass
@@ -39,6 +44,8 @@ class EngineSubject:
     prompt: tuple[int, ...] = tuple(range(100, 164))
     #: Builds bucket `index` of a weight update in the form this engine's transport accepts.
     make_bucket: Callable[[int], WeightBucket] = default_bucket
+    #: Builds a bucket the engine accepts on the wire but fails to load (the server answers an error).
+    bad_bucket: Callable[[], WeightBucket] = negative_bucket
     #: Extra sampling params of the long requests (a real random model: ignore_eos, so it runs to max_tokens).
     long_params: dict[str, Any] = field(default_factory=dict)
 
@@ -144,6 +151,35 @@ def check_weight_update_lifecycle(make: Factory) -> None:
     s.run(go())
 
 
+def check_failed_bucket_ends_the_session(make: Factory) -> None:
+    """A bucket the engine fails to load raises EngineError and closes the session, as vLLM's worker
+    does: the next legal call is start_weight_update, and a new session can finish."""
+    s = make()
+
+    async def go() -> None:
+        await s.engine.start_weight_update()
+        with pytest.raises(EngineError):
+            await s.engine.update_weights(s.bad_bucket())
+        with pytest.raises(LifecycleError):
+            await s.engine.update_weights(s.make_bucket(0))
+        await s.engine.start_weight_update()
+        await s.engine.finish_weight_update(1)
+        assert await s.engine.weight_version() == "1"
+
+    s.run(go())
+
+
+def check_empty_prompt_is_refused(make: Factory) -> None:
+    """An empty prompt is the caller's bad input: ConfigError, before any request (issue 3: same type in sim and real)."""
+    s = make()
+
+    async def go() -> None:
+        with pytest.raises(ConfigError, match="prompt token"):
+            await s.engine.generate(GenerateRequest([], {"max_tokens": 8}, request_id="empty"))
+
+    s.run(go())
+
+
 def check_version_stamped(make: Factory) -> None:
     """Every response carries the version finished last, as a string (seed steps 24, 51)."""
     s = make()
@@ -238,6 +274,8 @@ ALL_CHECKS = (
     check_sleep_twice_raises,
     check_wake_unknown_tag_raises,
     check_weight_update_lifecycle,
+    check_failed_bucket_ends_the_session,
+    check_empty_prompt_is_refused,
     check_version_stamped,
     check_pause_abort_returns_partial,
     check_pause_keep_then_resume,

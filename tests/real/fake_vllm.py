@@ -7,7 +7,9 @@ the RolloutEngine conformance suite exercises (pause, sleep, weight-update sessi
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,6 +180,14 @@ class StatefulFakeVLLM(FakeVLLM):
             list(range(10, 10 + k)), finish="abort" if run.aborted else "length", version=self.version,
             prompt_tokens=len(call.body["token_ids"])))
 
+    @staticmethod
+    def _handles_open(info: dict[str, Any]) -> bool:
+        """Stand-in handles "open" when every one is a ("handle", ...) tuple, one handle map per tensor."""
+        handles = pickle.loads(base64.b64decode(info.get("ipc_handles_pickled", "")))
+        return (isinstance(handles, list) and len(handles) == len(info["names"])
+                and all(isinstance(h, dict) and h and all(isinstance(v, tuple) and v[:1] == ("handle",)
+                                                           for v in h.values()) for h in handles))
+
     async def stateful(self, call: Call) -> httpx.Response:
         key = (call.method, call.path)
         params = dict(call.params)
@@ -218,6 +228,9 @@ class StatefulFakeVLLM(FakeVLLM):
         if key == ("POST", "/update_weights"):
             if not self.updating:
                 return self._error(400, "No weight update in progress; call start_weight_update first")
+            if not self._handles_open(call.body["update_info"]):
+                self.updating = False  # vLLM's worker ends the session when a bucket fails
+                return self._error(500, "cannot rebuild a CUDA tensor from the IPC handle")
             return httpx.Response(200, json={"message": "Weights updated"})
         if key == ("POST", "/finish_weight_update"):
             if not self.updating:

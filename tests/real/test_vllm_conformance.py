@@ -20,12 +20,19 @@ def ipc_bucket(index: int) -> WeightBucket:
     return b
 
 
+def unopenable_bucket() -> WeightBucket:
+    """Handles no worker can open (the fake answers 500, as vLLM does for a tensor it cannot rebuild)."""
+    b = conformance.default_bucket(0)
+    b.ipc_handles = [{"GPU-fake": ("not-a-cuda-tensor",)}]
+    return b
+
+
 def fake_subject() -> conformance.EngineSubject:
     fake = StatefulFakeVLLM(token_s=0.001)
     engine = VLLMEngine("engine0", "http://engine0:8000", model="/models/tiny", transport=fake.transport())
     # 2048 tokens at 1 ms each: still decoding 50 ms after submission, done ~2 s after resume.
     return conformance.EngineSubject(engine=engine, run=asyncio.run, settle_s=0.05, long_tokens=2048,
-                                     make_bucket=ipc_bucket)
+                                     make_bucket=ipc_bucket, bad_bucket=unopenable_bucket)
 
 
 @pytest.mark.parametrize("check", conformance.ALL_CHECKS, ids=lambda c: c.__name__)

@@ -571,7 +571,7 @@ def test_bad_request_is_a_400() -> None:
         with pytest.raises(EngineError) as info:
             await e.generate(req(4000, 200, "too-long"))
         assert info.value.status == 400 and "maximum context length" in str(info.value)
-        with pytest.raises(EngineError):
+        with pytest.raises(ConfigError, match="prompt token"):  # the caller's input: refused before I/O, as in real
             await e.generate(GenerateRequest([], {"max_tokens": 8}))
 
     clock.run(main(), env=e.env)

@@ -614,9 +614,8 @@ class SimEngine:
         self._alive("generate")
         self.lifecycle.check_generate()
         prompt = len(request.token_ids)
-        if prompt < 1:
-            raise EngineError(self.name, "generate", "token_ids is empty; send at least one prompt token",
-                              status=400)
+        if prompt < 1:  # the caller's bad input, refused before any I/O as the real client does
+            raise ConfigError(f"engine {self.name}: generate needs at least one prompt token id")
         sp = request.sampling_params or {}
         limit = self.settings.max_model_len
         max_tokens = sp.get("max_tokens")
@@ -1225,6 +1224,8 @@ class SimEngine:
         self._alive("update_weights")
         self.lifecycle.check_update()
         if bucket.nbytes < 0:
+            # vLLM's worker closes the update session when a bucket fails; so does the real client's record.
+            self.lifecycle.updating = False
             raise EngineError(self.name, "update_weights", f"bucket {bucket.index} has negative size", status=400)
         await self._pause_for(self.bucket_seconds(bucket))
         self._log("update_weights", bucket.index, bucket.nbytes)
