@@ -569,9 +569,22 @@ class MegatronActor:
     def _state_bytes(self) -> int:
         params = sum(p.numel() * p.element_size() for p in self.module.parameters())
         grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in self.model.buffers)
+        # Walk the inner torch optimizers' state rather than Megatron's state_dict(): the
+        # distributed optimizer's state_dict() asserts before its first step, and a colocated
+        # run sleeps the trainer before it ever trained (seed steps 3 and 43).
         opt = 0
-        for st in self.optimizer.state_dict().get("optimizer", {}).get("state", {}).values():
-            opt += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+        seen = {id(p) for p in self.module.parameters()}
+        for outer in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
+            inner = getattr(outer, "optimizer", None)
+            if inner is None:
+                continue
+            for st in inner.state.values():
+                opt += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+            for group in inner.param_groups:  # fp32 main copies of bf16 params (not module params)
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        opt += p.numel() * p.element_size()
         return params + grads + opt
 
     def sleep(self) -> dict[str, Any]:
