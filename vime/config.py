@@ -322,6 +322,9 @@ class WeightSyncConfig:
                                          type=parse_bytes, metavar="BYTES")
     update_weight_mode: str = opt("tensor", "tensor: CUDA IPC / NCCL buckets; disk: HF safetensors "
                                             "in a versioned directory", choices=("tensor", "disk"))
+    update_weight_dir: str | None = opt(None, "with --update-weight-mode disk: where versioned HF checkpoints "
+                                              "<dir>/v<N>/ are written (default: a temporary directory, or "
+                                              "$VIME_UPDATE_WEIGHT_DIR)", metavar="DIR")
     flush_cache_interval: int = opt(1, "flush engine prefix caches every N weight versions "
                                        "(≤ 0: only on the first publication)", type=int)
 
