@@ -124,12 +124,15 @@ class StatefulFakeVLLM(FakeVLLM):
     while paused are held until resume), the executor's sleeping tags (sleep(level, mode) pauses
     the scheduler with `mode` first; waking the last tag resumes it; /is_sleeping is "scheduler
     paused or any tag asleep"), the weight-update session (start twice, update or finish without a
-    start answer 400) and the weight version stamped on responses. Requests decode one token per
-    `token_s` of loop time, always to max_tokens (finish "length"). `routes` still overrides.
+    start answer 400; a bucket whose stand-in IPC handles cannot be "opened" answers 500 and ends the
+    session) and the weight version stamped on responses. Requests decode one token per `token_s`
+    of loop time (at most `max_step` per `tick_s`), always to max_tokens (finish "length").
+    `routes` still overrides.
     """
 
     token_s: float = 0.001
     tick_s: float = 0.002
+    max_step: float = 4.0
     paused: str | None = None
     sleeping_tags: set[str] = field(default_factory=set)
     updating: bool = False
@@ -171,7 +174,10 @@ class StatefulFakeVLLM(FakeVLLM):
                 await asyncio.sleep(self.tick_s)
                 now = loop.time()
                 if self.paused != "keep":  # keep freezes; abort/wait let the step that is running land
-                    run.produced = min(float(n), max(run.produced + (now - last) / self.token_s, 1.0))
+                    # at most max_step tokens a tick: a stalled loop (a loaded machine) slows decoding down
+                    # instead of finishing a long request in one jump
+                    step = min((now - last) / self.token_s, self.max_step)
+                    run.produced = min(float(n), max(run.produced + step, 1.0))
                 last = now
         finally:
             self.running.remove(run)
