@@ -249,6 +249,25 @@ def check_request_waits_while_paused(make: Factory) -> None:
     assert r.finish_reason in ("stop", "length")
 
 
+def check_pause_and_sleep_are_independent(make: Factory) -> None:
+    """EngineLifecycle keeps memory and pause apart: sleep does not pause, a pause is not sleep, and
+    a full wake does not end a pause (is_paused / is_sleeping report those two flags)."""
+    s = make()
+
+    async def go() -> None:
+        await s.engine.sleep(1)
+        assert not await s.engine.is_paused()
+        await s.engine.wake_up()
+        await s.engine.pause("keep")
+        assert not await s.engine.is_sleeping()
+        await s.engine.sleep(1)
+        await s.engine.wake_up()
+        assert await s.engine.is_paused()
+        await s.engine.resume()
+
+    s.run(go())
+
+
 def check_flush_requires_pause(make: Factory) -> None:
     s = make()
 
@@ -281,5 +300,6 @@ ALL_CHECKS = (
     check_pause_keep_then_resume,
     check_request_waits_while_paused,
     check_flush_requires_pause,
+    check_pause_and_sleep_are_independent,
     check_health,
 )

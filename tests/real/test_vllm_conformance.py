@@ -35,6 +35,17 @@ def fake_subject() -> conformance.EngineSubject:
                                      make_bucket=ipc_bucket, bad_bucket=unopenable_bucket)
 
 
-@pytest.mark.parametrize("check", conformance.ALL_CHECKS, ids=lambda c: c.__name__)
+#: What vLLM 0.32 does differently from the lifecycle table, open for a decision (see the report of this suite).
+VLLM_PAUSE_IS_SLEEP = ("vLLM 0.32's engine core pauses its scheduler on sleep, resumes it on a full wake and "
+                       "reports is_sleeping = paused or asleep; the client passes both answers through")
+
+
+def _known(check: Any) -> Any:
+    if check is conformance.check_pause_and_sleep_are_independent:
+        return pytest.param(check, marks=pytest.mark.xfail(strict=True, reason=VLLM_PAUSE_IS_SLEEP))
+    return check
+
+
+@pytest.mark.parametrize("check", [_known(c) for c in conformance.ALL_CHECKS], ids=lambda c: c.__name__)
 def test_vllm_client_conformance_on_stateful_fake(check: Any) -> None:
     check(fake_subject)
