@@ -333,7 +333,14 @@ async def _back_to_awake(cluster: Cluster, i: int) -> None:
         await eng.resume()
 
 
-@pytest.mark.parametrize("check", conformance.ALL_CHECKS, ids=lambda c: c.__name__)
+def _known(check):
+    if check is conformance.check_pause_and_sleep_are_independent:
+        reason = "vLLM 0.32 pauses the scheduler on sleep and resumes it on a full wake (EngineCore.sleep/wake_up)"
+        return pytest.param(check, marks=pytest.mark.xfail(strict=True, reason=reason))
+    return check
+
+
+@pytest.mark.parametrize("check", [_known(c) for c in conformance.ALL_CHECKS], ids=lambda c: c.__name__)
 def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
     if check in CPU_CANNOT:
         pytest.skip(CPU_CANNOT[check])
@@ -348,9 +355,11 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
 
     def subject() -> conformance.EngineSubject:
         # The tiny model decodes 1800 tokens in a second or two, at a pace that follows the machine's
-        # load: time one such request now and look at the next one a sixth of the way through
-        # (prefill long done, far from the end even if the pace changes several-fold).
-        settle_s = max(0.1, run(long_request_s()) / 6)
+        # load: time one such request now and act on the next one a twelfth of the way through
+        # (prefill long done), leaving the pause/resume calls the rest of it to land — on a machine
+        # loaded far past its cores the API server can still answer them too late (as for the
+        # pause tests above).
+        settle_s = max(0.1, run(long_request_s()) / 12)
         eng = cluster.engine(1, transport=_unpooled())
         engines.append(eng)
         return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=1800,
