@@ -172,6 +172,7 @@ def reference_finish_times(engine: SimEngine, reqs: list[tuple[str, int, int]]) 
     waiting = deque({"id": rid, "P": p, "tgt": t, "gen": 0, "comp": 0} for rid, p, t in reqs)
     running: list[dict[str, Any]] = []
     used, t, out, preemptions = 0, 0.0, {}, 0
+    first = True  # every request arrives at t = 0 and the engine stays busy until the last finishes
     while waiting or running:
         preempted = False
         while True:
@@ -212,7 +213,10 @@ def reference_finish_times(engine: SimEngine, reqs: list[tuple[str, int, int]]) 
         tokens = sum(k for _, k in sched)
         kv_read = sum(r["comp"] + k for r, k in sched)
         attn = sum(k * r["comp"] + k * (k + 1) / 2 for r, k in sched)
-        t += engine.cost.time(tokens, kv_read, attn, len(sched))  # logits once per scheduled request
+        # logits once per scheduled request; the first iteration after idle pays host + GPU (nothing hides it)
+        step = engine.cost.first_time if first else engine.cost.time
+        first = False
+        t += step(tokens, kv_read, attn, len(sched))
         used = nb_total - free
         for r, k in sched:
             r["comp"] += k
