@@ -34,6 +34,9 @@ from vime.real.vllm_client import VLLMEngine
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LONG = {"max_tokens": 1800, "temperature": 1.0, "logprobs": 1, "ignore_eos": True}
+#: A request that runs long enough for a pause to land even on a machine loaded far past its cores
+#: (the tiny model decodes ~1000 tokens/s on a free core); prompt + 4000 ≤ max_model_len 4096.
+ABORTABLE = {**LONG, "max_tokens": 4000}
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 1, "ignore_eos": True}
 
 
@@ -65,7 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     alt = build_tiny_qwen3(root / "tiny-seed1", TinyModelSpec(seed=1))
     args = parse_args(["--hf-checkpoint", str(model), "--actor-num-gpus-per-node", "2",
                        "--tensor-model-parallel-size", "1", "--rollout-num-gpus-per-engine", "1",
-                       "--rollout-max-context-len", "2048"], command="train")
+                       "--rollout-max-context-len", "4096"], command="train")
     # CPU: float32 (bf16 kernels die with SIGILL on some x86 hosts), eager (starts in ~45 s), 1 GiB KV.
     specs = engine_specs(args, device="cpu", dtype="float32", enforce_eager=True, cpu_kvcache_space_gib=1,
                          max_num_seqs=128)
@@ -195,7 +198,7 @@ def test_consistent_hash_keeps_a_session_on_one_engine(cluster: Cluster):
 def test_pause_abort_returns_partial_tokens(cluster: Cluster):
     async def main():
         async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
-            task = asyncio.create_task(eng.generate(req([5, 6, 7], LONG)))
+            task = asyncio.create_task(eng.generate(req([5, 6, 7], ABORTABLE)))
             await asyncio.sleep(0)  # let the request go out before the probe
             await probe.wait_for(20)
             await eng.pause("abort")
@@ -207,14 +210,14 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
             return res, paused, await eng.is_paused()
     res, paused, after = run(main())
     assert res.finish_reason == "abort"
-    assert 0 < len(res.token_ids) < 1800 and len(res.log_probs) == len(res.token_ids)
+    assert 0 < len(res.token_ids) < 4000 and len(res.log_probs) == len(res.token_ids)
     assert (paused, after) == (True, False)
 
 
 def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
     async def main():
         async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
-            task = asyncio.create_task(eng.generate(req([9, 10, 11], LONG)))
+            task = asyncio.create_task(eng.generate(req([9, 10, 11], ABORTABLE)))
             await asyncio.sleep(0)
             await probe.wait_for(20)
             await eng.pause("keep")
@@ -227,7 +230,7 @@ def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
             return await asyncio.wait_for(task, 300), frozen
     res, frozen = run(main())
     assert frozen, "pause(keep) must freeze the request: no tokens decoded while paused"
-    assert res.finish_reason == "length" and len(res.token_ids) == 1800 == len(res.log_probs)
+    assert res.finish_reason == "length" and len(res.token_ids) == 4000 == len(res.log_probs)
 
 
 def test_reset_prefix_cache_after_pause(cluster: Cluster):
@@ -345,7 +348,7 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
     if check in CPU_CANNOT:
         pytest.skip(CPU_CANNOT[check])
     engines: list[VLLMEngine] = []
-    long_sp = {**LONG, "max_tokens": 1800}  # ignore_eos: the random tiny model would otherwise stop at EOS
+    long_sp = ABORTABLE  # ignore_eos: the random tiny model would otherwise stop at EOS
 
     async def long_request_s() -> float:
         async with cluster.engine(1, transport=_unpooled()) as eng:
@@ -354,7 +357,7 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
             return time.monotonic() - t0
 
     def subject() -> conformance.EngineSubject:
-        # The tiny model decodes 1800 tokens in a second or two, at a pace that follows the machine's
+        # The tiny model decodes 4000 tokens in a few seconds, at a pace that follows the machine's
         # load: time one such request now and act on the next one a twelfth of the way through
         # (prefill long done), leaving the pause/resume calls the rest of it to land — on a machine
         # loaded far past its cores the API server can still answer them too late (as for the
@@ -362,7 +365,7 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
         settle_s = max(0.1, run(long_request_s()) / 12)
         eng = cluster.engine(1, transport=_unpooled())
         engines.append(eng)
-        return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=1800,
+        return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=4000,
                                          long_params={"ignore_eos": True}, bad_bucket=_cpu_bucket)
 
     try:
