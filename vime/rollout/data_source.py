@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from vime.errors import ConfigError
+from vime.jsonl import read_jsonl
 from vime.types import Sample, SampleStatus
 
 
@@ -115,35 +115,26 @@ def load_jsonl(path: str | Path, *, input_key: str = "prompt", label_key: str | 
     prompt ids. Prompts longer than `max_prompt_len` tokens are dropped and counted.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--prompt-data {str(path)!r} does not exist; give a JSONL file with one "
-                          f"{{{input_key!r}: ..., {label_key!r}: ...}} object per line")
     samples: list[Sample] = []
     filtered = 0
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"--prompt-data {p}:{lineno} is not JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or input_key not in row:
-                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise ConfigError(f"--prompt-data {p}:{lineno} has no {input_key!r} field (found {keys}); "
-                                  f"set --input-key to the field that holds the prompt")
-            prompt = row[input_key]
-            ids = row.get("token_ids")
-            if ids is None:
-                ids = _tokenize(prompt, tokenizer, apply_chat_template, where=f"{p}:{lineno}")
-            if max_prompt_len is not None and len(ids) > max_prompt_len:
-                filtered += 1
-                continue
-            meta = row.get(metadata_key) if metadata_key else None
-            samples.append(Sample(prompt=prompt, label=row.get(label_key) if label_key else None,
-                                  tokens=[int(t) for t in ids],
-                                  metadata=dict(meta) if isinstance(meta, dict) else {}))
+    for lineno, row, _ in read_jsonl(p, what="--prompt-data",
+                                     missing_hint=f"give a JSONL file with one {{{input_key!r}: ..., "
+                                                  f"{label_key!r}: ...}} object per line"):
+        if not isinstance(row, dict) or input_key not in row:
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ConfigError(f"--prompt-data {p}:{lineno} has no {input_key!r} field (found {keys}); "
+                              f"set --input-key to the field that holds the prompt")
+        prompt = row[input_key]
+        ids = row.get("token_ids")
+        if ids is None:
+            ids = _tokenize(prompt, tokenizer, apply_chat_template, where=f"{p}:{lineno}")
+        if max_prompt_len is not None and len(ids) > max_prompt_len:
+            filtered += 1
+            continue
+        meta = row.get(metadata_key) if metadata_key else None
+        samples.append(Sample(prompt=prompt, label=row.get(label_key) if label_key else None,
+                              tokens=[int(t) for t in ids],
+                              metadata=dict(meta) if isinstance(meta, dict) else {}))
     return ListDataset(samples, filtered=filtered)
 
 

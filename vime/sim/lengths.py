@@ -10,16 +10,15 @@ the inverse normal CDF, so no RNG state is shared between samples.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Literal
 
 from vime.errors import ConfigError
+from vime.jsonl import read_jsonl
 
 Kind = Literal["fixed", "uniform", "lognormal", "trace"]
 _KINDS = ("fixed", "uniform", "lognormal", "trace")
@@ -45,30 +44,20 @@ def key_seed(*parts: object) -> int:
 @lru_cache(maxsize=16)
 def _read_trace(path: str, field: str | None) -> tuple[int, ...]:
     """Lengths from a JSONL file: each line a bare integer or an object with a length field."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"length trace {path!r} does not exist; pass an existing JSONL file "
-                          f"(one integer or one object with a {'/'.join(TRACE_FIELDS)} field per line)")
     values: list[int] = []
     fields = (field,) if field else TRACE_FIELDS
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"length trace {path}:{lineno} is not JSON ({exc.msg}); "
-                                  "write one JSON value per line") from None
-            if isinstance(obj, dict):
-                found = next((obj[f] for f in fields if f in obj), None)
-            else:
-                found = obj
-            if isinstance(found, bool) or not isinstance(found, int | float) or found < 1:
-                raise ConfigError(f"length trace {path}:{lineno} has no positive length "
-                                  f"(looked for {', '.join(fields)}); got {line[:80]!r}")
-            values.append(int(found))
+    for lineno, obj, line in read_jsonl(path, what="length trace",
+                                        missing_hint="pass an existing JSONL file (one integer or one object "
+                                                     f"with a {'/'.join(TRACE_FIELDS)} field per line)",
+                                        bad_json_hint="write one JSON value per line"):
+        if isinstance(obj, dict):
+            found = next((obj[f] for f in fields if f in obj), None)
+        else:
+            found = obj
+        if isinstance(found, bool) or not isinstance(found, int | float) or found < 1:
+            raise ConfigError(f"length trace {path}:{lineno} has no positive length "
+                              f"(looked for {', '.join(fields)}); got {line[:80]!r}")
+        values.append(int(found))
     if not values:
         raise ConfigError(f"length trace {path!r} is empty; it needs at least one length")
     return tuple(values)
