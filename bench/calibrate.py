@@ -18,7 +18,18 @@ Sections (each timed with CUDA events after warm-up, median of repeats, random d
   tests    the GPU tests of vime's CuMem allocator (pytest -m gpu)
 
 Raw numbers go to --out after every section (a crash keeps what was measured); the profile is
-written from whatever sections ran, with one provenance note per value.
+written from whatever sections ran, with one provenance note per value (`build_profile`).
+
+Re-fit on a CPU from kept raw data (no GPU, no measurement):
+
+    python bench/calibrate.py --from-raw bench/data/h200_calibration.json \
+        --vllm-raw bench/data/h200_vllm_0.25.1.json --out /tmp/H200-141G-measured.json
+
+`build_profile` derives every field of the schema (vime/sim/hardware.py): measured rates, the decode
+weight / KV rates (decode rows), prefill MFU and the eager launch constant (prefill rows), train MFU
+through the simulator's trainer model (Megatron step), VMM and pinned-host costs (vmm and cumem
+sections), the software section (what the Megatron step ran), vLLM's host step a + b·requests (the
+vLLM bench JSON, when given), and the provenance (machine, driver, dates, commands).
 """
 
 from __future__ import annotations
@@ -119,7 +130,26 @@ def environment(args) -> dict:
     except OSError:
         pass
     env["cpu_count"] = os.cpu_count()
+    env["packages"] = packages()
     return env
+
+
+#: Distributions whose presence decides the profile's software section (TransformerEngine, apex) or that
+#: the provenance names; "" when not installed.
+PACKAGES = ("megatron-core", "transformer_engine", "apex", "vllm", "cuda-bindings", "torch_memory_saver")
+
+
+def packages() -> dict:
+    """Installed versions of PACKAGES ("" when absent), recorded in env so the fit knows the software."""
+    from importlib import metadata
+
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = ""
+    return out
 
 
 def gemm(args) -> dict:
@@ -473,20 +503,305 @@ SECTIONS = {"gemm": gemm, "hbm": hbm, "host": host, "vmm": vmm, "decode": decode
 # --------------------------------------------------------------------------------------------
 
 
-def build_profile(raw: dict, name: str, base: dict | None) -> dict:
-    """A hardware profile in vime/sim/hardware.py's schema: measured rates where we have them, the
-    base preset's values (and notes) elsewhere; efficiencies fitted from the workloads."""
+def _sim():
+    """vime.sim's models (the fits are done in the simulator's own terms, so its predictions reproduce the runs)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from vime.sim import engine, hardware, models, trainer
+
+    return engine, hardware, models, trainer
+
+
+#: bench/megatron_step.py presets -> vime.sim model presets.
+MEGATRON_MODELS = {"qwen3-0.6b": "Qwen3-0.6B", "qwen3-1.7b": "Qwen3-1.7B", "qwen3-4b": "Qwen3-4B"}
+#: The decode/prefill workloads run Qwen3-4B shapes (SHAPES["qwen3-4b"]).
+WORKLOAD_MODEL = "Qwen3-4B"
+#: Bytes per parameter of the Megatron trainer state besides the grads: bf16 params + fp32 master + Adam m, v.
+_STATE_BYTES_NO_GRAD = 2 + 4 + 4 + 4
+
+
+def _minimax_1d(errors, lo: float, hi: float, iters: int = 200) -> float:
+    """argmin over [lo, hi] of max_i |errors(x)_i| for errors linear in x (the max of |linear| is convex)."""
+    for _ in range(iters):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if max(map(abs, errors(a))) <= max(map(abs, errors(b))):
+            hi = b
+        else:
+            lo = a
+    return (lo + hi) / 2
+
+
+def _solve2(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Least squares of sum_i (a_i x + b_i y - c_i)^2 (the normal equations of two unknowns)."""
+    saa = sum(a * a for a, _, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    sab = sum(a * b for a, b, _ in rows)
+    sac = sum(a * c for a, _, c in rows)
+    sbc = sum(b * c for _, b, c in rows)
+    det = saa * sbb - sab * sab
+    if abs(det) < 1e-300:
+        raise ValueError("degenerate fit: the rows do not separate the two unknowns")
+    return (sac * sbb - sbc * sab) / det, (saa * sbc - sab * sac) / det
+
+
+def _spec(prof: dict):
+    _, hardware, _, _ = _sim()
+    return hardware.HardwareSpec.from_dict(prof, origin="calibration fit")
+
+
+def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
+    """The training stack of the measured Megatron step: (software section, one note per field).
+
+    What the step reports wins ("attention" / "transformer_engine", "grad_dtype", "torch_optimizer");
+    the rest is derived from the state it allocated (bf16 params + fp32 master + Adam m, v = 14 B/param,
+    the grads make up the remainder) and from the packages the calibration run found.
+    """
+    pkgs = env.get("packages", {})
+    sw, notes = {}, {}
+    if res.get("attention") in ("flash", "unfused"):
+        sw["train_attention"] = res["attention"]
+        notes["software.train_attention"] = f"bench/megatron_step.py reported attention={res['attention']!r}"
+    elif res.get("transformer_engine") or (res.get("layer_spec") == "te"):
+        sw["train_attention"] = "flash"
+        notes["software.train_attention"] = "Megatron-core with TransformerEngine layer spec (fused flash attention)"
+    else:
+        sw["train_attention"] = "unfused"
+        te, mcore = pkgs.get("transformer_engine"), pkgs.get("megatron-core")
+        notes["software.train_attention"] = (
+            f"Megatron-core{' ' + mcore if mcore else ''} local layer spec (bench/megatron_step.py builds it; "
+            f"TransformerEngine {'installed ' + te + ' but ' if te else ''}not used): DotProductAttention "
+            f"materialises the s x s scores")
+    params = res.get("params") or 0
+    grads = (res.get("cumem_bytes_by_tag") or {}).get("grads")
+    if res.get("grad_dtype") in ("bf16", "fp32"):
+        sw["train_grad_bytes"] = 2 if res["grad_dtype"] == "bf16" else 4
+        notes["software.train_grad_bytes"] = f"bench/megatron_step.py reported grad_dtype={res['grad_dtype']!r}"
+    elif params and res.get("state_bytes_after_init"):
+        per = res["state_bytes_after_init"] / params
+        sw["train_grad_bytes"] = 2 if per - _STATE_BYTES_NO_GRAD < 3 else 4
+        notes["software.train_grad_bytes"] = (
+            f"bench/megatron_step.py (grad_reduce_in_fp32=False): state after init {per:.2f} B/param = "
+            f"{_STATE_BYTES_NO_GRAD} (bf16 params, fp32 master, Adam m, v) + {per - _STATE_BYTES_NO_GRAD:.2f} of grads"
+            + (f"; grads region {grads / params:.2f} B/param" if grads else ""))
+    opt = res.get("torch_optimizer")
+    if opt:
+        fused = "fused" in opt.lower() or opt.startswith(("FusedAdam", "TE"))
+        sw["train_optimizer"] = "fused" if fused else "torch"
+        notes["software.train_optimizer"] = (
+            f"inner optimizer {opt!r} under Megatron's mixed-precision optimizer "
+            + ("(fused)" if fused else f"(torch.optim, no apex/TE fused Adam; apex {pkgs.get('apex') or 'absent'})"))
+    return sw, notes
+
+
+def _fit_decode(prof: dict, rows: list[dict], where: str) -> None:
+    """decode_bw_util (KV) and decode_weight_bw_util (weights): relative least squares of
+    t = W / (HBM · u_w) + KV / (HBM · u_kv) over the decode workload rows, with W and KV as the
+    simulator counts them (ModelSpec.weight_bytes, kv_bytes_per_token · B · L)."""
+    _, _, models, _ = _sim()
+    m = models.load_model(WORKLOAD_MODEL)
+    hbm = prof["hbm_bytes_per_s"]
+    w = m.weight_bytes()
+    eqs = [(w / hbm / r["step_s"], m.kv_bytes_per_token() * r["batch"] * r["context"] / hbm / r["step_s"], 1.0)
+           for r in rows]
+    x, y = _solve2(eqs)  # x = 1 / u_w, y = 1 / u_kv
+    eff = prof["efficiency"]
+    eff["decode_weight_bw_util"] = min(1.0, 1.0 / x)
+    eff["decode_bw_util"] = min(1.0, 1.0 / y)
+    worst = max(abs(a * x + b * y - 1.0) for a, b, _ in eqs)
+    src = prof["sources"]
+    src["efficiency.decode_bw_util"] = (
+        f"fit with decode_weight_bw_util: least squares (relative) over the {len(rows)} decode shapes "
+        f"B={min(r['batch'] for r in rows)}..{max(r['batch'] for r in rows)}, "
+        f"L={min(r['context'] for r in rows)}..{max(r['context'] for r in rows)} (bench/calibrate.py decode "
+        f"section, Qwen3-4B shapes, CUDA graphs): KV read at {hbm / y / 1e12:.2f} TB/s, max error "
+        f"{100 * worst:.1f} %; also the rate of streaming kernels (optimizer, unfused softmax), {where}")
+    src["efficiency.decode_weight_bw_util"] = (
+        f"fit with decode_bw_util: weights streamed by a decode step at {hbm / x / 1e12:.2f} TB/s "
+        f"(GEMVs plus the small kernels between them), same fit")
+
+
+def _fit_prefill(prof: dict, rows: list[dict], where: str) -> None:
+    """prefill_mfu and eager_iteration_s: t = eager + FLOPs / (bf16 · mfu), FLOPs as the engine counts
+    them (IterationModel: body per token, output head once, causal attention), solved exactly on the two
+    longest prompts past the CUDA-graph sizes; shorter ones check it."""
+    engine, _, models, _ = _sim()
+    m = models.load_model(WORKLOAD_MODEL)
+    graph_max = engine.EngineSettings().cuda_graph_max_tokens
+    base = m.flops_per_token(0, lm_head=False)
+    per_ctx = (m.flops_per_token(4096, lm_head=False) - base) / 4096.0
+
+    def flops(t: int) -> float:
+        return base * t + m.lm_head_flops_per_token() + per_ctx * t * (t + 1) / 2
+
+    eager_rows = sorted((r for r in rows if r["tokens"] > graph_max), key=lambda r: r["tokens"])
+    eff, src = prof["efficiency"], prof["sources"]
+    peak = prof["bf16_flops"]
+    if len(eager_rows) >= 2:
+        (t1, s1), (t2, s2) = [(flops(r["tokens"]), r["median_s"]) for r in eager_rows[-2:]]
+        inv = (s2 - s1) / (t2 - t1)  # seconds per FLOP
+        eager = max(0.0, s1 - t1 * inv)
+        eff["prefill_mfu"] = min(1.0, 1.0 / inv / peak)
+        eff["eager_iteration_s"] = eager
+        checks = [r for r in rows if r not in eager_rows[-2:]]
+        chk = ", ".join(f"{r['tokens']}: {100 * ((eager if r['tokens'] > graph_max else 0) + flops(r['tokens']) * inv - r['median_s']) / r['median_s']:+.1f} %"
+                        for r in checks)
+        src["efficiency.prefill_mfu"] = (
+            f"fit with eager_iteration_s: prefill FLOPs (IterationModel: body per token, output head once, causal "
+            f"attention) of the {eager_rows[-2]['tokens']}- and {eager_rows[-1]['tokens']}-token eager prefills = "
+            f"{1 / inv / 1e12:.0f} TFLOP/s" + (f"; the others check it ({chk})" if chk else "") + f", {where}")
+        src["efficiency.eager_iteration_s"] = (
+            f"fit with prefill_mfu: the constant of the eager prefill times ({eager * 1e3:.2f} ms: kernel launches "
+            f"of a {m.num_layers}-layer stack that runs without CUDA graphs), {where}")
+    elif rows:
+        r = max(rows, key=lambda r: r["tokens"])
+        eff["prefill_mfu"] = min(1.0, flops(r["tokens"]) / r["median_s"] / peak)
+        src["efficiency.prefill_mfu"] = f"prefill FLOPs / time / bf16_flops of the {r['tokens']}-token prompt (no eager constant fitted), {where}"
+
+
+def _fit_train(prof: dict, res: dict, where: str) -> None:
+    """train_mfu: one matmul rate, minimax of the relative error over the forward and backward of every
+    measured shape, through the simulator's trainer model (vime.sim.trainer.compute_seconds with the
+    profile's software: unfused attention's s² matmuls and score traffic ride on the streaming rate)."""
+    _, _, models, trainer = _sim()
+    spec = models.load_model(MEGATRON_MODELS[res["preset"]])
+    shapes = res["shapes"]
+
+    def times(mfu: float) -> list[float]:
+        p = json.loads(json.dumps(prof))
+        p["efficiency"]["train_mfu"] = mfu
+        hw = _spec(p)
+        out = []
+        for e in shapes:
+            out.extend(trainer.compute_seconds(spec, hw, [e["seq"]] * e["mbs"]))
+        return out
+
+    measured = [v for e in shapes for v in (e["fwd_s_median"], e["bwd_s_median"])]
+    # time = A / mfu + B for every phase: read A, B from two evaluations, then fit x = 1 / mfu.
+    t1, t2 = times(1.0), times(0.5)
+    a = [y - x for x, y in zip(t1, t2, strict=True)]
+    b = [x - ai for x, ai in zip(t1, a, strict=True)]
+
+    def errors(x: float) -> list[float]:
+        return [(ai * x + bi - m) / m for ai, bi, m in zip(a, b, measured, strict=True)]
+
+    x = _minimax_1d(errors, 1.0, 100.0)
+    prof["efficiency"]["train_mfu"] = 1.0 / x
+    worst = max(map(abs, errors(x)))
+    prof["sources"]["efficiency.train_mfu"] = (
+        f"fit: one rate for the matmuls (minimax over fwd and bwd of Megatron-core {res['preset']} "
+        f"{' and '.join(str(e['mbs']) + 'x' + str(e['seq']) for e in shapes)}, max error {100 * worst:.1f} %) with "
+        f"{prof.get('software', {}).get('train_attention', 'flash')} attention "
+        f"{'(full s^2 matmuls and score traffic modelled apart) ' if prof.get('software', {}).get('train_attention') == 'unfused' else ''}"
+        f"(vime.sim.trainer.compute_seconds), {where}")
+
+
+def vllm_decode_seconds(im, batch: int, prompt: int, new: int) -> float:
+    """B requests of `prompt` tokens generating `new` each in lockstep on the engine model `im`: the
+    prompts packed into 8192-token prefill iterations (the first after idle pays host + GPU), then
+    `new - 1` decode steps of max(GPU, host) (the prefill samples the first token)."""
+    engine, _, _, _ = _sim()
+    t, total, done = 0.0, batch * prompt, 0
+    while done < total:
+        c = min(8192, total - done)
+        step = im.first_time if done == 0 else im.time
+        t += step(c, 0, c * (prompt + 1) / 2, seqs=max(1, round(c / prompt)))
+        done += c
+    c0, m0, m1, f0, f1 = im.decode_lines(batch, batch * (prompt + 1))
+    lines = ((c0 + m0, m1), (c0 + f0, f1), (im.host(batch), 0.0))
+    return t + engine.sum_max_of_lines(lines, new - 1)
+
+
+def _fit_host(prof: dict, vllm_raw: dict, where: str) -> None:
+    """iteration_overhead_s, host_step_s, host_step_per_seq_s: minimax of the relative error over the
+    vLLM decode runs, each step max(GPU + overhead, host_s + per_seq · requests) (IterationModel), by a
+    coarse-to-fine grid (deterministic)."""
+    import dataclasses
+
+    engine, _, models, _ = _sim()
+    runs = vllm_raw.get("phases", {}).get("decode", [])
+    if not runs:
+        return
+    m = models.load_model(WORKLOAD_MODEL)
+    settings = engine.EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192)
+    im0 = engine.IterationModel.build(_spec(prof), m, settings)
+
+    def worst(o: float, a: float, b: float) -> float:
+        im = dataclasses.replace(im0, overhead_s=o, host_s=a, host_per_seq_s=b)
+        return max(abs(vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"]) - r["wall_s"]) / r["wall_s"]
+                   for r in runs)
+
+    # seconds: overhead 0..5 ms, host 0..10 ms, per request 0..200 us
+    box = [(0.0, 5e-3), (0.0, 10e-3), (0.0, 200e-6)]
+    n = 11
+    best = (math.inf, (0.0, 0.0, 0.0))
+    for _ in range(8):
+        grids = [[lo + (hi - lo) * i / (n - 1) for i in range(n)] for lo, hi in box]
+        for o in grids[0]:
+            for a in grids[1]:
+                for b in grids[2]:
+                    e = worst(o, a, b)
+                    if e < best[0] - 1e-12:
+                        best = (e, (o, a, b))
+        box = [(max(0.0, c - (hi - lo) / (n - 1)), c + (hi - lo) / (n - 1)) for c, (lo, hi) in zip(best[1], box, strict=True)]
+    err, (o, a, b) = best
+    eff = prof["efficiency"]
+    eff["iteration_overhead_s"], eff["host_step_s"], eff["host_step_per_seq_s"] = o, a, b
+    label = vllm_raw.get("label", "the vLLM bench JSON (scripts/h200/vllm_bench.py)")
+    batches = sorted({r["batch"] for r in runs})
+    news = sorted({r["max_tokens"] for r in runs})
+    src = prof["sources"]
+    src["efficiency.iteration_overhead_s"] = (
+        f"fit: GPU-serial cost per step (launches) in max(GPU, host) steps; minimax over the {len(runs)} vLLM decode "
+        f"runs B={batches[0]}..{batches[-1]} x {'/'.join(map(str, news))} tokens, max error {100 * err:.1f} %, {label}")
+    src["efficiency.host_step_s"] = (
+        f"fit, with host_step_per_seq_s and iteration_overhead_s: vLLM's CPU step ({a * 1e3:.2f} ms + "
+        f"{b * 1e6:.0f} us per request) overlapping the GPU, same minimax, {label}")
+    src["efficiency.host_step_per_seq_s"] = "as efficiency.host_step_s"
+
+
+def _provenance(raw: dict, vllm_raw: dict | None) -> dict:
+    env = raw.get("env", {})
+    secs = raw.get("sections", {})
+    dates = sorted({s["date"] for s in secs.values() if s.get("date")} | ({env["date"]} if env.get("date") else set()))
+    commands = sorted({s["command"] for s in secs.values() if s.get("command")}) or [env.get("command", "?")]
+    if vllm_raw and vllm_raw.get("argv"):
+        commands.append(" ".join(vllm_raw["argv"]))
+    pk = env.get("packages", {})
+    soft = [f"torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda', '?')})", f"Python {env.get('python', '?')}"]
+    soft += [f"{k} {v}" for k, v in sorted(pk.items()) if v]
+    if vllm_raw and vllm_raw.get("vllm_version"):
+        soft.append(f"vLLM {vllm_raw['vllm_version']}")
+    machine = (f"{env.get('gpu', '?')} ({env.get('nvidia_smi', '?')}), sm_count {env.get('sm_count', '?')}, "
+               f"capability {env.get('capability', '?')}, host {env.get('host', '?')!r} with {env.get('cpu_count', '?')} "
+               f"CPUs and {env.get('meminfo_total', '?')} B RAM")
+    return {"machine": machine, "driver": env.get("driver", "?"), "software": ", ".join(soft),
+            "date": f"{dates[0]} to {dates[-1]}" if len(dates) > 1 else (dates[0] if dates else "?"),
+            "command": "; ".join(commands)}
+
+
+def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-141G-measured",
+                  base: dict | None = None) -> dict:
+    """A hardware profile in vime/sim/hardware.py's schema, every field derived from the raw measurements
+    (bench/calibrate.py --out) and, when given, a vLLM bench JSON (scripts/h200/vllm_bench.py --out).
+
+    Measured rates where the raw data has them; efficiencies fitted in the simulator's own terms
+    (decode weight/KV rates, prefill MFU + eager constant, train MFU through the trainer model, vLLM's
+    host step); the software section from what the Megatron step ran; the base preset's values (and
+    notes) for what was not measured (NVLink, network, CUDA context, all-reduce efficiency), and its
+    host-step values when no vLLM JSON is given (said in `sources`). Deterministic: the same inputs
+    give the same profile.
+    """
     env = raw.get("env", {})
     prof = json.loads(json.dumps(base)) if base else {
         "name": name, "memory_bytes": env.get("memory_bytes", 0), "bf16_flops": 0, "hbm_bytes_per_s": 0,
         "nvlink_bytes_per_s": 0, "host_link_h2d_bytes_per_s": 0, "host_link_d2h_bytes_per_s": 0,
-        "cuda_context_bytes": 512 * MIB, "efficiency": {}, "vmm": {}, "sources": {}}
+        "cuda_context_bytes": 512 * MIB}
     prof["name"] = name
+    prof.pop("provenance", None)
+    eff = prof.setdefault("efficiency", {})
+    vm = prof.setdefault("vmm", {})
     src = prof.setdefault("sources", {})
     where = f"bench/calibrate.py on {env.get('gpu', '?')} (driver {env.get('driver', '?')}, torch {env.get('torch')}) {env.get('date', '')}"
-    commands = sorted({s.get("command", "") for s in raw.get("sections", {}).values() if s.get("command")})
-    prof["description"] = (f"Measured: {env.get('gpu', '?')}, driver {env.get('driver', '?')}, torch {env.get('torch')}, "
-                           f"{env.get('date', '')}, by " + " and ".join(f"`{c}`" for c in commands or [env.get("command", "")]))
     if "memory_bytes" in env:
         prof["memory_bytes"] = env["memory_bytes"]
         src["memory_bytes"] = f"torch.cuda.get_device_properties().total_memory, {where}"
@@ -494,89 +809,117 @@ def build_profile(raw: dict, name: str, base: dict | None) -> dict:
     if "square" in g:
         best = max([g["square"]["tflops"]] + [r["tflops"] for r in g.get("rows", []) if r["m"] >= 2048])
         prof["bf16_flops"] = best * 1e12
-        src["bf16_flops"] = (f"best measured bf16 GEMM ({best:.0f} TFLOP/s; 8192^3: {g['square']['tflops']:.0f}), "
-                             f"random data, {where}; datasheet dense peak 989 TFLOP/s")
+        src["bf16_flops"] = (f"best measured bf16 GEMM ({best:.0f} TFLOP/s; {g['square']['n']}^3: {g['square']['tflops']:.0f}), "
+                             f"random data, {where}")
     h = raw.get("hbm", {})
     if "bytes_per_s" in h:
         prof["hbm_bytes_per_s"] = h["bytes_per_s"]
-        src["hbm_bytes_per_s"] = f"device-to-device copy, bytes read + written, {where}; datasheet 4.8 TB/s"
+        src["hbm_bytes_per_s"] = f"device-to-device copy, bytes read + written, {where}"
     ho = raw.get("host", {})
     if "h2d_bytes_per_s" in ho:
         prof["host_link_h2d_bytes_per_s"] = ho["h2d_bytes_per_s"]
         prof["host_link_d2h_bytes_per_s"] = ho["d2h_bytes_per_s"]
-        prof.setdefault("efficiency", {})["host_copy_util"] = 1.0
-        src["host_link_h2d_bytes_per_s"] = f"pinned cudaMemcpyAsync H2D, best of 64 MiB/1 GiB/4 GiB, {where}"
-        src["host_link_d2h_bytes_per_s"] = f"pinned cudaMemcpyAsync D2H, best of 64 MiB/1 GiB/4 GiB, {where}"
+        eff["host_copy_util"] = 1.0
+        sizes = "/".join(f"{r['bytes'] // MIB} MiB" if r["bytes"] < GIB else f"{r['bytes'] // GIB} GiB" for r in ho.get("pinned", []))
+        src["host_link_h2d_bytes_per_s"] = f"pinned cudaMemcpyAsync H2D, best of {sizes}, {where}"
+        src["host_link_d2h_bytes_per_s"] = f"pinned cudaMemcpyAsync D2H, best of {sizes}, {where}"
         src["efficiency.host_copy_util"] = "1.0: the host-link rates above are measured copy rates"
-    eff = prof.setdefault("efficiency", {})
     v = raw.get("vmm", {})
     if v.get("chunks"):
         # PyTorch's caching allocator hands out segments of tensor size: take the 512 MiB chunks
         row = min(v["chunks"], key=lambda c: abs(c["chunk_bytes"] - 512 * MIB))
-        vm = prof.setdefault("vmm", {})
         vm["create_map_s_per_gib"] = row["create_s_per_gib"] + row["map_access_s_per_gib"] + row["reserve_s_per_gib"]
         vm["unmap_release_s_per_gib"] = row["unmap_s_per_gib"] + row["release_s_per_gib"]
         src["vmm.create_map_s_per_gib"] = f"cuMemCreate+cuMemMap+cuMemSetAccess in {row['chunk_bytes'] // MIB} MiB chunks, {where}"
         src["vmm.unmap_release_s_per_gib"] = f"cuMemUnmap+cuMemRelease in {row['chunk_bytes'] // MIB} MiB chunks, {where}"
-        if v.get("pinned_host"):
-            vm["pinned_alloc_s_per_gib"] = v["pinned_host"][0]["alloc_s_per_gib"]
-            src["vmm.pinned_alloc_s_per_gib"] = f"cuMemHostAlloc of 4 x 1 GiB, first time in the process, {where}"
+    pins = v.get("pinned_host", [])
+    if pins:
+        vm["pinned_alloc_s_per_gib"] = pins[0]["alloc_s_per_gib"]
+        src["vmm.pinned_alloc_s_per_gib"] = f"cuMemHostAlloc of 4 x 1 GiB, first time in the process, {where}"
+        vm["pinned_free_s_per_gib"] = statistics.fmean(p["free_s_per_gib"] for p in pins)
+        src["vmm.pinned_free_s_per_gib"] = f"cuMemFreeHost of 4 x 1 GiB, mean of {len(pins)} attempts, bench/calibrate.py vmm section, {where}"
     # At trainer scale the first pause pins tens of GiB: its measured rate beats the 4 GiB probe above.
     firsts = [r["result"] for r in raw.get("cumem", {}).get("runs", [])
-              if r.get("result", {}).get("method") == "vime" and r["result"].get("cycles")]
+              if (r.get("result") or {}).get("method") == "vime" and r["result"].get("cycles")]
     if firsts:
         big = max(firsts, key=lambda r: r["kept_bytes"])
         info = big["cycles"][0]["pause_info"]
         if info.get("host_alloc_bytes"):
-            vm = prof.setdefault("vmm", {})
             vm["pinned_alloc_s_per_gib"] = info["host_alloc_seconds"] / (info["host_alloc_bytes"] / GIB)
             src["vmm.pinned_alloc_s_per_gib"] = (f"first vime CuMem pause of {big['kept_bytes'] / GIB:.0f} GiB: cuMemHostAlloc "
                                                  f"in 1 GiB chunks, {info['host_alloc_bytes'] / GIB:.0f} GiB in "
                                                  f"{info['host_alloc_seconds']:.1f} s (bench/cumem_pause.py), {where}")
-    if prof.get("hbm_bytes_per_s") and raw.get("decode", {}).get("rows"):
-        # decode is bandwidth-bound: bytes (weights + KV) / time / HBM rate at the largest batches
-        rows = raw["decode"]["rows"]
-        utils = [(r["weight_bytes"] + r["kv_bytes"]) / r["step_s"] / prof["hbm_bytes_per_s"] for r in rows
-                 if r["batch"] >= 16]
-        if utils:
-            eff["decode_bw_util"] = min(1.0, statistics.median(utils))
-            src["efficiency.decode_bw_util"] = (f"median over batch>=16 of (weights+KV bytes)/step time/HBM copy rate, "
-                                                f"bench/calibrate.py decode section (CUDA graph), {where}")
-    if prof.get("bf16_flops") and raw.get("prefill", {}).get("rows"):
-        long = [r for r in raw["prefill"]["rows"] if r["tokens"] >= 4096]
-        if long:
-            eff["prefill_mfu"] = min(1.0, statistics.median(r["flops"] / r["median_s"] for r in long) / prof["bf16_flops"])
-            src["efficiency.prefill_mfu"] = f"prefill FLOPs/time/bf16_flops for prompts >= 4096 tokens, {where}"
-    mg = [r.get("result") for r in raw.get("megatron", {}).get("runs", []) if r.get("result", {}).get("ok")]
-    mg = [m for m in mg if m.get("device") == "cuda" and not m.get("cumem")]
-    if mg and prof.get("bf16_flops"):
-        ent = mg[0]["shapes"]
-        # FLOPs as the simulator counts them (vime.sim ModelSpec.sequence_flops: causal attention,
-        # backward = 2 x forward), so that its trainer model reproduces the measured time; the
-        # script's own count (full s^2 attention, as the unfused local spec computes) is the fallback.
-        try:
-            sys.path.insert(0, str(ROOT))
-            from vime.sim.models import load_model
-
-            spec = load_model({"qwen3-0.6b": "Qwen3-0.6B", "qwen3-1.7b": "Qwen3-1.7B",
-                               "qwen3-4b": "Qwen3-4B"}[mg[0]["preset"]])
-            flops = [3 * e["mbs"] * spec.sequence_flops(e["seq"]) for e in ent]
-            how = "vime.sim ModelSpec.sequence_flops x 3"
-        except (ImportError, KeyError):
-            flops = [e["fwd_bwd_flops"] for e in ent]
-            how = "bench/megatron_step.py flops_per_step (full attention)"
-        mfu = [f / (e["fwd_s_median"] + e["bwd_s_median"]) / prof["bf16_flops"] for f, e in zip(flops, ent, strict=True)]
-        eff["train_mfu"] = min(1.0, statistics.median(mfu))
-        src["efficiency.train_mfu"] = (f"Megatron-core {mg[0]['preset']} (local spec: unfused attention, torch AdamW, no TE) "
-                                       f"fwd+bwd FLOPs ({how}) / time / bf16_flops, median over shapes "
-                                       f"{[(e['mbs'], e['seq']) for e in ent]}, {where}")
+    # software first: the train fit runs the trainer model with it
+    mg = [r.get("result") for r in raw.get("megatron", {}).get("runs", []) if (r.get("result") or {}).get("ok")]
+    mg = [m for m in mg if m.get("device") == "cuda" and not m.get("cumem") and m.get("preset") in MEGATRON_MODELS]
+    if mg:
+        sw, notes = _megatron_software(mg[0], env)
+        prof.setdefault("software", {}).update(sw)
+        src.update(notes)
+    # The workload fits count bytes and FLOPs of the vime.sim Qwen3-4B model: only full-size runs qualify
+    # (a --quick dry run shrinks the stack).
+    full = {k: v for k, v in SHAPES["qwen3-4b"].items()}
+    for section, key in (("decode", "efficiency.decode_bw_util"), ("prefill", "efficiency.prefill_mfu")):
+        if raw.get(section, {}).get("rows") and raw[section].get("shape", full) != full:
+            src[key] = (f"not fitted: the {section} rows ran shapes {raw[section]['shape']}, not Qwen3-4B's "
+                        f"(--quick?); kept from the base preset. " + src.get(key, ""))
+    dec, pre = raw.get("decode", {}), raw.get("prefill", {})
+    if prof.get("hbm_bytes_per_s") and len(dec.get("rows", [])) >= 2 and dec.get("shape", full) == full:
+        _fit_decode(prof, dec["rows"], where)
+    if prof.get("bf16_flops") and pre.get("rows") and pre.get("shape", full) == full:
+        _fit_prefill(prof, pre["rows"], where)
+    if mg and prof.get("bf16_flops") and prof.get("hbm_bytes_per_s"):
+        _fit_train(prof, mg[0], where)
+    if vllm_raw:
+        _fit_host(prof, vllm_raw, where)
+    else:
+        for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s"):
+            src[f"efficiency.{k}"] = (f"not measured (no vLLM bench JSON given: --vllm-raw); kept from the base preset "
+                                      f"({eff.get(k, 'the default')}). " + src.get(f"efficiency.{k}", ""))
+    prof["provenance"] = _provenance(raw, vllm_raw)
+    _spec(prof)  # ConfigError naming the field if the raw data and the base leave one missing or out of range
+    prof["description"] = (f"Measured: {env.get('gpu', '?')}, driver {env.get('driver', '?')}, torch {env.get('torch')}; "
+                           f"rates and efficiencies fitted by bench/calibrate.py build_profile (sources name each fit), "
+                           f"software of the Megatron step: {prof.get('software', {})}")
     return prof
 
 
-def main() -> int:
+def _read_json(path: str, flag: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"{flag} {path!r}: no such file; pass the JSON that bench/calibrate.py --out "
+                         f"(or scripts/h200/vllm_bench.py --out) wrote")
+    try:
+        return json.loads(p.read_text())
+    except ValueError as e:
+        raise SystemExit(f"{flag} {path!r}: not valid JSON ({e})") from e
+
+
+def _base(path: str | None) -> dict | None:
+    """The base preset (a path, relative to the working folder or to the repository root)."""
+    if not path:
+        return None
+    for p in (Path(path), ROOT / path):
+        if p.is_file():
+            return _read_json(str(p), "--base")
+    raise SystemExit(f"--base {path!r}: no such file; pass a preset JSON (vime/sim/data/hardware/*.json) whose "
+                     f"unmeasured values (NVLink, network, CUDA context) the profile keeps")
+
+
+def merge_raw(parts) -> dict:
+    """Raw files of several calibrate.py calls as one: later files win section by section."""
+    raw: dict = {"sections": {}}
+    for part in parts:
+        raw.update({k: v for k, v in part.items() if k != "sections"})
+        raw["sections"].update(part.get("sections", {}))
+    return raw
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--out", default="bench/data/calibration.json", help="raw measurements (JSON)")
+    ap.add_argument("--out", default=None,
+                    help="raw measurements (JSON, default bench/data/calibration.json); with --from-raw: the profile")
     ap.add_argument("--profile", default=None, help="hardware profile to write (vime/sim/hardware.py schema)")
     ap.add_argument("--name", default="H200-141G-measured", help="profile name")
     ap.add_argument("--base", default="vime/sim/data/hardware/H200-141G.json",
@@ -595,22 +938,29 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU dry run of the script)")
     ap.add_argument("--gpu-test-ini", action="store_true",
                     help="run the GPU tests with scripts/h200/pytest-gpu.ini (machines without pytest-asyncio)")
-    ap.add_argument("--from-raw", default=None,
-                    help="measure nothing: merge these comma-separated raw files (later ones win) into --out "
-                         "and write --profile from them (re-runs the fit on a CPU)")
-    args = ap.parse_args()
+    ap.add_argument("--from-raw", default=None, metavar="RAW.json[,RAW2.json]",
+                    help="measure nothing: fit the profile from these raw files (comma-separated, later ones win "
+                         "section by section) and write it to --out (or --profile); runs on a CPU")
+    ap.add_argument("--vllm-raw", default=None, metavar="X.json",
+                    help="a vLLM bench JSON (scripts/h200/vllm_bench.py --out) to fit vLLM's host step from; "
+                         "without it the profile keeps the base preset's host-step values (said in sources)")
+    ap.add_argument("--merged-out", default=None, help="with --from-raw: also write the merged raw JSON here")
+    args = ap.parse_args(argv)
     if args.from_raw:
-        raw: dict = {"sections": {}}
-        for f in args.from_raw.split(","):
-            part = json.loads(Path(f).read_text())
-            raw.update({k: v for k, v in part.items() if k != "sections"})  # later files win
-            raw["sections"].update(part.get("sections", {}))
-        Path(args.out).write_text(json.dumps(raw, indent=1))
-        if args.profile:
-            base = json.loads(Path(args.base).read_text()) if args.base and Path(args.base).exists() else None
-            Path(args.profile).write_text(json.dumps(build_profile(raw, args.name, base), indent=2) + "\n")
+        target = args.profile or args.out
+        if not target:
+            raise SystemExit("--from-raw needs --out PROFILE.json (where the fitted profile goes)")
+        raw = merge_raw(_read_json(f, "--from-raw") for f in args.from_raw.split(","))
+        if args.merged_out:
+            Path(args.merged_out).write_text(json.dumps(raw, indent=1))
+        prof = build_profile(raw, _read_json(args.vllm_raw, "--vllm-raw") if args.vllm_raw else None,
+                             name=args.name, base=_base(args.base))
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(prof, indent=2) + "\n")
+        print(f"[calibrate] profile -> {target}")
         summary(raw)
         return 0
+    args.out = args.out or "bench/data/calibration.json"
     args.deadline = time.monotonic() + args.deadline_s
     Path(args.work).mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
@@ -642,10 +992,8 @@ def main() -> int:
         print(f"[calibrate] {name}: {status} in {time.perf_counter() - t0:.1f}s", flush=True)
         out.write_text(json.dumps(raw, indent=1))
     if args.profile:
-        base = None
-        if args.base and Path(args.base).exists():
-            base = json.loads(Path(args.base).read_text())
-        prof = build_profile(raw, args.name, base)
+        prof = build_profile(raw, _read_json(args.vllm_raw, "--vllm-raw") if args.vllm_raw else None,
+                             name=args.name, base=_base(args.base))
         Path(args.profile).write_text(json.dumps(prof, indent=2) + "\n")
         print(f"[calibrate] profile -> {args.profile}")
     summary(raw)

@@ -1,0 +1,186 @@
+"""bench/calibrate.py's profile fit, on a CPU: the H200 raw data kept in bench/data rebuilds the H200-141G-measured preset (issue 12)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vime.errors import ConfigError
+from vime.sim.engine import EngineSettings, IterationModel
+from vime.sim.hardware import Efficiency, HardwareSpec, Software, VmmCosts, load_hardware
+from vime.sim.models import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "data"
+RAW_PATH = DATA / "h200_calibration.json"
+VLLM_PATH = DATA / "h200_vllm_0.25.1.json"
+BASE_PATH = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G.json"
+PRESET = load_hardware("H200-141G-measured")
+PRESET_JSON = json.loads((ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json").read_text())
+
+#: Relative tolerance of each rebuilt value against the hand-fitted preset, and why it is that wide.
+#: Measured rates and the exact fits (two unknowns from the same rows) must agree to rounding; the
+#: preset rounded some values by hand (train_mfu to 3 digits, pinned_free to 3 significant digits,
+#: the host step to 0.1 ms / 1 us); iteration_overhead_s is left out here: the minimax over the vLLM
+#: runs is flat along it (0.04 ms and 0.3 ms give max errors 5.8 % and 6.1 %), so it is judged by the
+#: predictions it gives (test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset).
+TOLERANCE = {
+    "memory_bytes": 1e-12, "bf16_flops": 1e-12, "hbm_bytes_per_s": 1e-12, "host_link_h2d_bytes_per_s": 1e-12,
+    "host_link_d2h_bytes_per_s": 1e-12, "nvlink_bytes_per_s": 1e-12, "internode_bytes_per_s": 1e-12,
+    "cuda_context_bytes": 1e-12,
+    "efficiency.decode_bw_util": 1e-9, "efficiency.decode_weight_bw_util": 1e-9, "efficiency.prefill_mfu": 1e-9,
+    "efficiency.eager_iteration_s": 1e-9, "efficiency.host_copy_util": 1e-12, "efficiency.allreduce_bw_util": 1e-12,
+    "efficiency.train_mfu": 0.005, "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,
+    "vmm.create_map_s_per_gib": 1e-12, "vmm.unmap_release_s_per_gib": 1e-12, "vmm.pinned_alloc_s_per_gib": 1e-12,
+    "vmm.pinned_free_s_per_gib": 0.001,
+}
+NOT_COMPARED = {"efficiency.iteration_overhead_s"}
+
+
+def _calibrate() -> Any:
+    spec = importlib.util.spec_from_file_location("vime_bench_calibrate", ROOT / "bench" / "calibrate.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("vime_bench_calibrate", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+CAL = _calibrate()
+RAW = json.loads(RAW_PATH.read_text())
+VLLM = json.loads(VLLM_PATH.read_text())
+BASE = json.loads(BASE_PATH.read_text())
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The profile the CLI writes from the committed raw JSON (what a user re-running the fit gets)."""
+    out = tmp_path_factory.mktemp("profile") / "H200-141G-measured.json"
+    rc = CAL.main(["--from-raw", str(RAW_PATH), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
+                   "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def _numbers(spec: HardwareSpec) -> dict[str, float]:
+    d = spec.to_dict()
+    flat = {k: v for k, v in d.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    for section in ("efficiency", "vmm"):
+        flat.update({f"{section}.{k}": v for k, v in d[section].items()})
+    return flat
+
+
+def _schema_keys() -> set[str]:
+    top = {f.name for f in dataclasses.fields(HardwareSpec)} - {"efficiency", "vmm", "software", "sources",
+                                                                   "provenance", "path", "description"}
+    return (top | {f"efficiency.{f.name}" for f in dataclasses.fields(Efficiency)}
+            | {f"vmm.{f.name}" for f in dataclasses.fields(VmmCosts)}
+            | {f"software.{f.name}" for f in dataclasses.fields(Software)})
+
+
+def test_rebuilt_profile_loads_and_writes_every_field(rebuilt: Path):
+    data = json.loads(rebuilt.read_text())
+    spec = load_hardware(str(rebuilt))
+    assert spec.name == "H200-141G-measured"
+    # every schema field is written out, not left to the loader's defaults
+    written = {k for k in data if not isinstance(data[k], dict)}
+    for section in ("efficiency", "vmm", "software"):
+        written |= {f"{section}.{k}" for k in data[section]}
+    assert _schema_keys() <= written, sorted(_schema_keys() - written)
+    # every value the hand-fitted preset explains has a note, and every measured/fitted one says how
+    assert set(PRESET_JSON["sources"]) <= set(data["sources"]), sorted(set(PRESET_JSON["sources"]) - set(data["sources"]))
+    for key in ("efficiency.train_mfu", "efficiency.decode_bw_util", "efficiency.prefill_mfu",
+                "efficiency.eager_iteration_s", "efficiency.host_step_s", "efficiency.iteration_overhead_s"):
+        assert "fit" in data["sources"][key], key
+    prov = dict(spec.provenance)
+    assert {"machine", "driver", "date", "command"} <= set(prov)
+    assert prov["driver"] == RAW["env"]["driver"] and "H200" in prov["machine"]
+    assert "calibrate.py" in prov["command"] and "vllm_bench.py" in prov["command"]
+
+
+def test_rebuilt_profile_agrees_with_the_hand_fitted_preset(rebuilt: Path):
+    spec = load_hardware(str(rebuilt))
+    assert spec.software == PRESET.software == Software("unfused", 2, "torch")
+    ours, theirs = _numbers(spec), _numbers(PRESET)
+    assert set(ours) == set(theirs) == set(TOLERANCE) | NOT_COMPARED
+    off = {k: (ours[k], theirs[k]) for k, tol in TOLERANCE.items()
+           if abs(ours[k] - theirs[k]) > tol * abs(theirs[k])}
+    assert not off, off
+
+
+def _decode_errors(hw: HardwareSpec) -> list[float]:
+    im = IterationModel.build(hw, load_model("Qwen3-4B"),
+                              EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192))
+    return [abs(CAL.vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"]) - r["wall_s"]) / r["wall_s"]
+            for r in VLLM["phases"]["decode"]]
+
+
+def test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset(rebuilt: Path):
+    ours, theirs = max(_decode_errors(load_hardware(str(rebuilt)))), max(_decode_errors(PRESET))
+    assert len(VLLM["phases"]["decode"]) == 7
+    # the minimax is at least as good as the hand-rounded values, and within the issue's 10 % goal
+    assert ours <= theirs + 1e-9 and ours < 0.10, (ours, theirs)
+
+
+def test_engine_decode_helper_matches_compare_calibration():
+    spec = importlib.util.spec_from_file_location("vime_bench_compare", ROOT / "bench" / "compare_calibration.py")
+    assert spec is not None and spec.loader is not None
+    cmp_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cmp_mod)
+    im = cmp_mod._iter_model(PRESET, load_model("Qwen3-4B"))
+    for r in VLLM["phases"]["decode"]:
+        loop = cmp_mod.decode_run_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"])
+        assert CAL.vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"]) == pytest.approx(loop, rel=1e-9)
+
+
+def test_fit_is_deterministic():
+    a = CAL.build_profile(RAW, VLLM, base=BASE)
+    b = CAL.build_profile(json.loads(json.dumps(RAW)), json.loads(json.dumps(VLLM)), base=json.loads(json.dumps(BASE)))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_without_vllm_json_the_host_step_comes_from_the_base_with_a_note():
+    prof = CAL.build_profile(RAW, None, base=BASE)
+    spec = HardwareSpec.from_dict(prof)
+    for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s"):
+        assert getattr(spec.efficiency, k) == BASE["efficiency"][k]
+        assert "no vLLM bench JSON" in spec.source(f"efficiency.{k}")
+    # the rest is fitted as with it
+    assert spec.efficiency.prefill_mfu == pytest.approx(PRESET.efficiency.prefill_mfu, rel=1e-9)
+    assert "vllm_bench.py" not in dict(spec.provenance)["command"]
+
+
+@pytest.mark.parametrize(("result", "packages", "expected"), [
+    # the committed run: local spec, bf16 grads (16 B/param of state), torch AdamW
+    ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW"}, {}, Software("unfused", 2, "torch")),
+    # fp32 main grads: 18 B/param; apex / TE fused Adam
+    ({"params": 1000, "state_bytes_after_init": 18000, "torch_optimizer": "FusedAdam"},
+     {"apex": "0.1"}, Software("unfused", 4, "fused")),
+    # a step that reports its stack explicitly wins over the inference
+    ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW", "transformer_engine": True,
+      "grad_dtype": "fp32"}, {"transformer_engine": "2.4"}, Software("flash", 4, "torch")),
+])
+def test_software_section_follows_what_the_megatron_step_ran(result, packages, expected):
+    sw, notes = CAL._megatron_software(result, {"packages": packages})
+    assert Software(**sw) == expected
+    assert set(notes) == {f"software.{k}" for k in sw}
+
+
+def test_cli_names_a_missing_raw_file(tmp_path: Path):
+    with pytest.raises(SystemExit, match="--from-raw .*no such file"):
+        CAL.main(["--from-raw", str(tmp_path / "nope.json"), "--out", str(tmp_path / "p.json")])
+    with pytest.raises(SystemExit, match="--base .*no such file"):
+        CAL.main(["--from-raw", str(RAW_PATH), "--base", str(tmp_path / "nope.json"), "--out", str(tmp_path / "p.json")])
+
+
+def test_raw_data_without_a_base_for_the_unmeasured_rates_is_refused():
+    # NVLink, network and the CUDA context are not measured on one GPU: without a base preset the
+    # profile cannot be complete, and the loader names the field.
+    with pytest.raises(ConfigError, match="nvlink_bytes_per_s"):
+        CAL.build_profile({"env": RAW["env"], "hbm": RAW["hbm"], "gemm": RAW["gemm"], "host": RAW["host"]}, None)
