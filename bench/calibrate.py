@@ -589,7 +589,8 @@ def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
         sw["train_optimizer"] = "fused" if fused else "torch"
         notes["software.train_optimizer"] = (
             f"inner optimizer {opt!r} under Megatron's mixed-precision optimizer "
-            + ("(fused)" if fused else f"(torch.optim, no apex/TE fused Adam; apex {pkgs.get('apex') or 'absent'})"))
+            + ("(fused)" if fused else "(torch.optim, no apex/TE fused Adam"
+                                  + (f"; apex {pkgs['apex'] or 'not installed'})" if "apex" in pkgs else ")")))
     return sw, notes
 
 
@@ -711,7 +712,7 @@ def vllm_decode_seconds(im, batch: int, prompt: int, new: int) -> float:
     return t + engine.sum_max_of_lines(lines, new - 1)
 
 
-def _fit_host(prof: dict, vllm_raw: dict, where: str) -> None:
+def _fit_host(prof: dict, vllm_raw: dict, label: str) -> None:
     """iteration_overhead_s, host_step_s, host_step_per_seq_s: minimax of the relative error over the
     vLLM decode runs, each step max(GPU + overhead, host_s + per_seq · requests) (IterationModel), by a
     coarse-to-fine grid (deterministic)."""
@@ -746,7 +747,6 @@ def _fit_host(prof: dict, vllm_raw: dict, where: str) -> None:
     err, (o, a, b) = best
     eff = prof["efficiency"]
     eff["iteration_overhead_s"], eff["host_step_s"], eff["host_step_per_seq_s"] = o, a, b
-    label = vllm_raw.get("label", "the vLLM bench JSON (scripts/h200/vllm_bench.py)")
     batches = sorted({r["batch"] for r in runs})
     news = sorted({r["max_tokens"] for r in runs})
     src = prof["sources"]
@@ -780,7 +780,7 @@ def _provenance(raw: dict, vllm_raw: dict | None) -> dict:
 
 
 def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-141G-measured",
-                  base: dict | None = None) -> dict:
+                  base: dict | None = None, raw_source: str = "", vllm_source: str = "") -> dict:
     """A hardware profile in vime/sim/hardware.py's schema, every field derived from the raw measurements
     (bench/calibrate.py --out) and, when given, a vLLM bench JSON (scripts/h200/vllm_bench.py --out).
 
@@ -802,6 +802,8 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
     vm = prof.setdefault("vmm", {})
     src = prof.setdefault("sources", {})
     where = f"bench/calibrate.py on {env.get('gpu', '?')} (driver {env.get('driver', '?')}, torch {env.get('torch')}) {env.get('date', '')}"
+    if raw_source:
+        where += f", {raw_source}"
     if "memory_bytes" in env:
         prof["memory_bytes"] = env["memory_bytes"]
         src["memory_bytes"] = f"torch.cuda.get_device_properties().total_memory, {where}"
@@ -837,7 +839,7 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
         vm["pinned_alloc_s_per_gib"] = pins[0]["alloc_s_per_gib"]
         src["vmm.pinned_alloc_s_per_gib"] = f"cuMemHostAlloc of 4 x 1 GiB, first time in the process, {where}"
         vm["pinned_free_s_per_gib"] = statistics.fmean(p["free_s_per_gib"] for p in pins)
-        src["vmm.pinned_free_s_per_gib"] = f"cuMemFreeHost of 4 x 1 GiB, mean of {len(pins)} attempts, bench/calibrate.py vmm section, {where}"
+        src["vmm.pinned_free_s_per_gib"] = f"cuMemFreeHost of 4 x 1 GiB, mean of {len(pins)} attempts (vmm section), {where}"
     # At trainer scale the first pause pins tens of GiB: its measured rate beats the 4 GiB probe above.
     firsts = [r["result"] for r in raw.get("cumem", {}).get("runs", [])
               if (r.get("result") or {}).get("method") == "vime" and r["result"].get("cycles")]
@@ -871,7 +873,7 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
     if mg and prof.get("bf16_flops") and prof.get("hbm_bytes_per_s"):
         _fit_train(prof, mg[0], where)
     if vllm_raw:
-        _fit_host(prof, vllm_raw, where)
+        _fit_host(prof, vllm_raw, vllm_source or "the vLLM bench JSON (scripts/h200/vllm_bench.py --out)")
     else:
         for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s"):
             src[f"efficiency.{k}"] = (f"not measured (no vLLM bench JSON given: --vllm-raw); kept from the base preset "
@@ -904,6 +906,16 @@ def _base(path: str | None) -> dict | None:
             return _read_json(str(p), "--base")
     raise SystemExit(f"--base {path!r}: no such file; pass a preset JSON (vime/sim/data/hardware/*.json) whose "
                      f"unmeasured values (NVLink, network, CUDA context) the profile keeps")
+
+
+def _rel(paths: str | None) -> str:
+    """Comma-separated paths as the notes name them: relative to the repository when inside it."""
+    out = []
+    for p in (paths or "").split(","):
+        if p:
+            q = Path(p).resolve()
+            out.append(str(q.relative_to(ROOT)) if q.is_relative_to(ROOT) else p)
+    return ", ".join(out)
 
 
 def merge_raw(parts) -> dict:
@@ -954,7 +966,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.merged_out:
             Path(args.merged_out).write_text(json.dumps(raw, indent=1))
         prof = build_profile(raw, _read_json(args.vllm_raw, "--vllm-raw") if args.vllm_raw else None,
-                             name=args.name, base=_base(args.base))
+                             name=args.name, base=_base(args.base), raw_source=_rel(args.from_raw),
+                             vllm_source=_rel(args.vllm_raw))
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(json.dumps(prof, indent=2) + "\n")
         print(f"[calibrate] profile -> {target}")
@@ -993,7 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(raw, indent=1))
     if args.profile:
         prof = build_profile(raw, _read_json(args.vllm_raw, "--vllm-raw") if args.vllm_raw else None,
-                             name=args.name, base=_base(args.base))
+                             name=args.name, base=_base(args.base), raw_source=_rel(args.out),
+                             vllm_source=_rel(args.vllm_raw))
         Path(args.profile).write_text(json.dumps(prof, indent=2) + "\n")
         print(f"[calibrate] profile -> {args.profile}")
     summary(raw)
