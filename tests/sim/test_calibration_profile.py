@@ -128,11 +128,16 @@ def test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset(rebuilt: Pat
     assert ours <= theirs + 1e-9 and ours < 0.10, (ours, theirs)
 
 
-def test_engine_decode_helper_matches_compare_calibration():
+def _compare() -> Any:
     spec = importlib.util.spec_from_file_location("vime_bench_compare", ROOT / "bench" / "compare_calibration.py")
     assert spec is not None and spec.loader is not None
     cmp_mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cmp_mod)
+    return cmp_mod
+
+
+def test_engine_decode_helper_matches_compare_calibration():
+    cmp_mod = _compare()
     im = cmp_mod._iter_model(PRESET, load_model("Qwen3-4B"))
     for r in VLLM["phases"]["decode"]:
         loop = cmp_mod.decode_run_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"])
@@ -184,3 +189,20 @@ def test_raw_data_without_a_base_for_the_unmeasured_rates_is_refused():
     # profile cannot be complete, and the loader names the field.
     with pytest.raises(ConfigError, match="nvlink_bytes_per_s"):
         CAL.build_profile({"env": RAW["env"], "hbm": RAW["hbm"], "gemm": RAW["gemm"], "host": RAW["host"]}, None)
+
+
+def test_rebuilt_profile_scores_the_comparison_table_like_the_preset(rebuilt: Path):
+    """bench/compare_calibration.py's 80 measured-vs-predicted rows: the re-fit profile keeps at least as
+    many within 10 % as the hand-fitted preset, and no row gets more than 1 point worse."""
+    cmp_mod = _compare()
+    ours = [r for r in cmp_mod.rows_for(load_hardware(str(rebuilt)), RAW, VLLM) if r["group"] != "hardware"]
+    theirs = [r for r in cmp_mod.rows_for(PRESET, RAW, VLLM) if r["group"] != "hardware"]
+    assert [r["quantity"] for r in ours] == [r["quantity"] for r in theirs]
+
+    def within(rows: list[dict]) -> int:
+        return sum(abs(r["error_pct"]) <= 10 for r in rows)
+
+    assert within(ours) >= within(theirs)
+    worse = [(o["quantity"], o["error_pct"], t["error_pct"]) for o, t in zip(ours, theirs, strict=True)
+             if abs(o["error_pct"]) > abs(t["error_pct"]) + 1.0]
+    assert not worse, worse
