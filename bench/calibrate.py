@@ -968,12 +968,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merged-out", default=None, help="with --from-raw: also write the merged raw JSON here")
     args = ap.parse_args(argv)
     if args.from_raw:
+        # --out is the profile; the older form `--out merged.json --profile p.json` (scripts/h200/calibrate.sh)
+        # still writes the merged raw to --out and the profile to --profile.
         target = args.profile or args.out
+        merged = args.merged_out or (args.out if args.profile else None)
         if not target:
             raise SystemExit("--from-raw needs --out PROFILE.json (where the fitted profile goes)")
         raw = merge_raw(_read_json(f, "--from-raw") for f in args.from_raw.split(","))
-        if args.merged_out:
-            Path(args.merged_out).write_text(json.dumps(raw, indent=1))
+        if merged:
+            Path(merged).write_text(json.dumps(raw, indent=1))
         prof = build_profile(raw, _read_json(args.vllm_raw, "--vllm-raw") if args.vllm_raw else None,
                              name=args.name, base=_base(args.base), raw_source=_rel(args.from_raw),
                              vllm_source=_rel(args.vllm_raw))

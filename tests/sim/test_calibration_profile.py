@@ -213,3 +213,22 @@ def test_rebuilt_profile_scores_the_comparison_table_like_the_preset(rebuilt: Pa
     worse = [(o["quantity"], o["error_pct"], t["error_pct"]) for o, t in pairs
              if abs(o["error_pct"]) > abs(t["error_pct"]) + 2.0]
     assert not worse, worse
+
+
+def test_cli_merges_raw_files_of_several_calls(tmp_path: Path, rebuilt: Path):
+    """The H200 raw came from three calibrate.py calls; split again, --from-raw a,b gives the same profile,
+    and the older form (--out merged.json --profile p.json) also writes the merged raw."""
+    first = {k: v for k, v in RAW.items() if k not in ("megatron", "cumem")}
+    second = {"env": RAW["env"], "megatron": RAW["megatron"], "cumem": RAW["cumem"],
+              "sections": {k: RAW["sections"][k] for k in ("megatron", "cumem")}}
+    first["sections"] = {k: v for k, v in RAW["sections"].items() if k not in ("megatron", "cumem")}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    merged, prof = tmp_path / "merged.json", tmp_path / "p.json"
+    assert CAL.main(["--from-raw", f"{a},{b}", "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
+                     "--out", str(merged), "--profile", str(prof)]) == 0
+    assert json.loads(merged.read_text())["sections"] == RAW["sections"]
+    ours, want = load_hardware(str(prof)), load_hardware(str(rebuilt))
+    assert (ours.efficiency, ours.vmm, ours.software) == (want.efficiency, want.vmm, want.software)
+    assert _numbers(ours) == _numbers(want)
