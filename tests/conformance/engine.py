@@ -12,7 +12,7 @@ the factory and calls these — `ALL_CHECKS` lists them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,17 @@ class EngineSubject:
     bad_bucket: Callable[[], WeightBucket] = negative_bucket
     #: Extra sampling params of the long requests (a real random model: ignore_eos, so it runs to max_tokens).
     long_params: dict[str, Any] = field(default_factory=dict)
+    #: Waits until a just-submitted long request is decoding, where a real server can tell (a streamed
+    #: probe request sharing its batches); None: sleep settle_s.
+    until_running: Callable[[], Awaitable[None]] | None = None
+
+
+async def _until_running(s: EngineSubject) -> None:
+    await asyncio.sleep(0)  # let the request under test go out first
+    if s.until_running is not None:
+        await s.until_running()
+    else:
+        await asyncio.sleep(s.settle_s)
 
 
 Factory = Callable[[], EngineSubject]
@@ -204,7 +215,7 @@ def check_pause_abort_returns_partial(make: Factory) -> None:
 
     async def go() -> Any:
         task = asyncio.ensure_future(s.engine.generate(_request(s, s.long_tokens, "long")))
-        await asyncio.sleep(s.settle_s)
+        await _until_running(s)
         assert not task.done()
         await s.engine.pause("abort")
         assert await s.engine.is_paused()
@@ -222,7 +233,7 @@ def check_pause_keep_then_resume(make: Factory) -> None:
 
     async def go() -> Any:
         task = asyncio.ensure_future(s.engine.generate(_request(s, s.long_tokens, "kept")))
-        await asyncio.sleep(s.settle_s)
+        await _until_running(s)
         await s.engine.pause("keep")
         await asyncio.sleep(2 * s.settle_s)
         assert not task.done()

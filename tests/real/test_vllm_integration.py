@@ -365,8 +365,16 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
         settle_s = max(0.1, run(long_request_s()) / 12)
         eng = cluster.engine(1, transport=_unpooled())
         engines.append(eng)
+
+        async def until_running() -> None:
+            # Tokens on a streamed probe prove the batch that holds the request under test is decoding
+            # (a fixed sleep lost that race on a loaded machine, as the pause tests above show).
+            async with StreamProbe(eng.base_url) as probe:
+                await probe.wait_for(20)
+
         return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=4000,
-                                         long_params={"ignore_eos": True}, bad_bucket=_cpu_bucket)
+                                         long_params={"ignore_eos": True}, bad_bucket=_cpu_bucket,
+                                         until_running=until_running)
 
     try:
         check(subject)
