@@ -125,6 +125,22 @@ class StreamProbe:
             await self._task
         await self._client.aclose()
 
+    async def running(self) -> float:
+        """vllm:num_requests_running from the server's /metrics (the scheduler's count, set every step)."""
+        resp = await self._client.get(f"{self.url}/metrics")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in resp.text.splitlines()
+                   if line.startswith("vllm:num_requests_running"))
+
+    async def wait_until_running(self, n: int = 2, timeout_s: float = 120.0) -> None:
+        """The probe has decoded tokens AND the scheduler runs `n` requests: the request under test was
+        admitted, not merely sent (on a loaded machine its connection can lag behind the probe's; a pause
+        landing before it arrives would hold it instead of aborting it)."""
+        await self.wait_for(20, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while await self.running() < n:
+            assert time.monotonic() < deadline, f"{self.url}: fewer than {n} requests running after {timeout_s} s"
+            await asyncio.sleep(0.02)
+
     async def wait_for(self, n: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while self.count < n:
@@ -200,7 +216,7 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
         async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
             task = asyncio.create_task(eng.generate(req([5, 6, 7], ABORTABLE)))
             await asyncio.sleep(0)  # let the request go out before the probe
-            await probe.wait_for(20)
+            await probe.wait_until_running(2)
             await eng.pause("abort")
             try:
                 res = await asyncio.wait_for(task, 30)
@@ -209,7 +225,7 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
                 await eng.resume()
             return res, paused, await eng.is_paused()
     res, paused, after = run(main())
-    assert res.finish_reason == "abort"
+    assert res.finish_reason == "abort", (res.finish_reason, len(res.token_ids))
     assert 0 < len(res.token_ids) < 4000 and len(res.log_probs) == len(res.token_ids)
     assert (paused, after) == (True, False)
 
@@ -219,7 +235,7 @@ def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
         async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
             task = asyncio.create_task(eng.generate(req([9, 10, 11], ABORTABLE)))
             await asyncio.sleep(0)
-            await probe.wait_for(20)
+            await probe.wait_until_running(2)
             await eng.pause("keep")
             await asyncio.sleep(0.3)  # let a step that was already running land
             frozen_at = probe.count
@@ -370,7 +386,7 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
             # Tokens on a streamed probe prove the batch that holds the request under test is decoding
             # (a fixed sleep lost that race on a loaded machine, as the pause tests above show).
             async with StreamProbe(eng.base_url) as probe:
-                await probe.wait_for(20)
+                await probe.wait_until_running(2)
 
         return conformance.EngineSubject(engine=eng, run=run, settle_s=settle_s, long_tokens=4000,
                                          long_params={"ignore_eos": True}, bad_bucket=_cpu_bucket,
