@@ -108,7 +108,8 @@ class StreamProbe:
         self._task: asyncio.Task[None] | None = None
 
     async def _read(self) -> None:
-        body = {"token_ids": [3, 4, 5], "sampling_params": LONG, "stream": True}
+        # as long as the request under test, so the probe outlives it (a shorter probe could end first)
+        body = {"token_ids": [3, 4, 5], "sampling_params": ABORTABLE, "stream": True}
         async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
             async for line in resp.aiter_lines():
                 if line.startswith("data: {"):
