@@ -2,7 +2,11 @@
 
     python bench/megatron_step.py --preset qwen3-1.7b --shapes 1x4096,4x2048 --out step.json [--cumem]
 
-`--device cpu --preset tiny` runs the same code path on a CPU (gloo) to check the script.
+`--device cpu --preset tiny` runs the same code path on a CPU (gloo) to check the script
+(`--cpu-bf16` builds the model in bf16 as on the GPU). After the timed steps of each shape one
+extra, untimed step is accounted (`--no-account` turns it off): memory by phase on CUDA, and on
+any device the bytes autograd saves for the backward, by storage, grouped by the module that
+saved them (issue 12: where the activation model misses bytes).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import socket
 import statistics
 import sys
+import re
 import time
 from contextlib import nullcontext
 
@@ -20,6 +25,9 @@ PRESETS = {
     # layers, hidden, heads, kv heads, head dim, ffn, vocab, tied embeddings (Qwen3 family shapes)
     "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
                  ffn_hidden_size=128, vocab_size=512, tie=True),
+    # Qwen3-1.7B's ratios (ffn = 3h, GQA 2:1, heads = h / 128 ... scaled) at CPU size, for the accounting
+    "qwen3-mini": dict(num_layers=2, hidden_size=256, num_attention_heads=4, num_query_groups=2, kv_channels=64,
+                       ffn_hidden_size=768, vocab_size=4096, tie=True),
     "qwen3-0.6b": dict(num_layers=28, hidden_size=1024, num_attention_heads=16, num_query_groups=8,
                        kv_channels=128, ffn_hidden_size=3072, vocab_size=151936, tie=True),
     "qwen3-1.7b": dict(num_layers=28, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
@@ -49,6 +57,117 @@ def count_params(p: dict) -> int:
     return L * per_layer + v * h * (1 if p["tie"] else 2) + h
 
 
+_LAYER = re.compile(r"^(?P<pre>.*?layers)\.(?P<idx>\d+)(?P<rest>(\..*)?)$")
+OUTSIDE = "<outside model>"
+
+
+def module_kind(name: str) -> tuple[str, int | None]:
+    """`decoder.layers.3.mlp.linear_fc1` -> (`decoder.layers.*.mlp.linear_fc1`, 3); names outside layers -> (name, None)."""
+    m = _LAYER.match(name)
+    if m is None:
+        return name, None
+    return f"{m['pre']}.*{m['rest']}", int(m["idx"])
+
+
+class SavedTensorAccounting:
+    """Which module saved how many bytes for the backward during one forward (seed step: issue 12 calibration).
+
+    Module pre/post hooks keep a stack of running module names; autograd's pack hook records, per
+    underlying storage (first saver wins), its byte size, dtype and the saving module, and returns
+    the tensor itself (sizes only are kept, never references). Storages of parameters and of their
+    main_grad are skipped; a storage saved by modules of more than one layer (causal mask, RoPE
+    tables) goes to the `shared` bucket.
+    """
+
+    def __init__(self, root, skip_ptrs: set[int]):
+        self.root = root
+        self.skip = skip_ptrs
+        self.stack: list[str] = []
+        self.seen: dict[int, dict] = {}
+        self.handles: list = []
+
+    def __enter__(self):
+        import torch
+
+        for name, mod in self.root.named_modules():
+            label = name or "<root>"
+            self.handles.append(mod.register_forward_pre_hook(lambda _m, _a, n=label: self.stack.append(n)))
+            try:  # always_call: pop even when a module raises (torch >= 2.0)
+                h = mod.register_forward_hook(lambda _m, _a, _o, n=label: self._pop(n), always_call=True)
+            except TypeError:
+                h = mod.register_forward_hook(lambda _m, _a, _o, n=label: self._pop(n))
+            self.handles.append(h)
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        return False
+
+    def _pop(self, name: str) -> None:
+        if self.stack and self.stack[-1] == name:
+            self.stack.pop()
+
+    def _pack(self, t):
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # e.g. a sparse or wrapper tensor: nothing to count
+            return t
+        ptr = st.data_ptr()
+        if ptr == 0 or ptr in self.skip:
+            return t
+        who = self.stack[-1] if self.stack else OUTSIDE
+        rec = self.seen.get(ptr)
+        if rec is None:
+            self.seen[ptr] = {"module": who, "bytes": int(st.nbytes()), "dtype": str(t.dtype).replace("torch.", ""),
+                              "shape": list(t.shape), "layers": {module_kind(who)[1]}}
+        else:
+            rec["layers"].add(module_kind(who)[1])
+        return t
+
+    def summary(self, tokens: int, num_layers: int, top: int = 15) -> dict:
+        """Bytes per module kind (per layer and per token), per layer, outside the layers, and layer 0's largest storages."""
+        by_kind: dict[str, int] = {}
+        by_layer = [0] * num_layers
+        outside: dict[str, int] = {}
+        shared: dict[str, int] = {}
+        layer0: list[dict] = []
+        for rec in self.seen.values():
+            kind, idx = module_kind(rec["module"])
+            layers = {i for i in rec["layers"] if i is not None}
+            if len(layers) > 1:
+                shared[kind] = shared.get(kind, 0) + rec["bytes"]
+                continue
+            if idx is None:
+                outside[kind] = outside.get(kind, 0) + rec["bytes"]
+                continue
+            by_kind[kind] = by_kind.get(kind, 0) + rec["bytes"]
+            if 0 <= idx < num_layers:
+                by_layer[idx] += rec["bytes"]
+            if idx == 0:
+                layer0.append({"module": rec["module"], "dtype": rec["dtype"], "shape": rec["shape"],
+                               "bytes": rec["bytes"], "bytes_per_token": rec["bytes"] / tokens})
+        layer0.sort(key=lambda r: -r["bytes"])
+        layer_total = sum(by_kind.values())
+        return {
+            "tokens": tokens,
+            "storages": len(self.seen),
+            "per_kind_bytes_per_layer_token": {k: v / num_layers / tokens for k, v in sorted(by_kind.items())},
+            "per_layer_bytes": by_layer,
+            "per_layer_bytes_per_token": [b / tokens for b in by_layer],
+            "layers_total_bytes": layer_total,
+            "outside_layers_bytes_per_token": {k: v / tokens for k, v in sorted(outside.items())},
+            "outside_layers_total_bytes": sum(outside.values()),
+            "shared_bytes": shared,
+            "total_saved_bytes": layer_total + sum(outside.values()) + sum(shared.values()),
+            "layer0_largest": layer0[:top],
+        }
+
+
 class _CpuOptimizer:
     """Stands in for Megatron's optimizer in the CPU dry run only (same step() return shape)."""
 
@@ -70,6 +189,64 @@ class _CpuOptimizer:
         return True, float(norm), None
 
 
+def describe_stack(ddp_model, opt, bf16: bool) -> dict:
+    """Versions and what the built model really runs: attention and norm classes, grad dtype, optimizer."""
+    import torch
+
+    info: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "bf16": bf16}
+    try:
+        import megatron.core as mcore
+
+        info["megatron_core"] = getattr(mcore, "__version__", None)
+    except ImportError:
+        info["megatron_core"] = None
+    if not info["megatron_core"]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            info["megatron_core"] = version("megatron-core")
+        except PackageNotFoundError:
+            pass
+
+    def cls(obj) -> str | None:
+        return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+    layer = ddp_model.module.decoder.layers[0]
+    attn = layer.self_attention
+    info["layer0_classes"] = {
+        "core_attention": cls(getattr(attn, "core_attention", None)),
+        "input_layernorm": cls(getattr(layer, "input_layernorm", None)),
+        "q_layernorm": cls(getattr(attn, "q_layernorm", None)),
+        "k_layernorm": cls(getattr(attn, "k_layernorm", None)),
+        "pre_mlp_layernorm": cls(getattr(layer, "pre_mlp_layernorm", None)),
+        "linear_qkv": cls(getattr(attn, "linear_qkv", None)),
+        "mlp": cls(getattr(layer, "mlp", None)),
+        "final_layernorm": cls(getattr(ddp_model.module.decoder, "final_layernorm", None)),
+        "output_layer": cls(getattr(ddp_model.module, "output_layer", None)),
+    }
+    core = getattr(attn, "core_attention", None)
+    unfused = type(core).__name__ == "DotProductAttention"
+    info["attention"] = ("local spec: unfused DotProductAttention" if unfused
+                         else f"{type(core).__name__} (not the unfused local DotProductAttention)")
+    softmax = getattr(core, "scale_mask_softmax", None)
+    if softmax is not None:
+        info["softmax"] = {"class": cls(softmax), "fusion": getattr(softmax, "scaled_masked_softmax_fusion", None),
+                           "softmax_in_fp32": getattr(softmax, "softmax_in_fp32", None)}
+    params = list(ddp_model.parameters())
+    info["param_dtype"] = str(params[0].dtype).replace("torch.", "")
+    grads = {str(q.main_grad.dtype).replace("torch.", "") for q in params if getattr(q, "main_grad", None) is not None}
+    info["main_grad_dtypes"] = sorted(grads)
+    bufs = getattr(ddp_model, "buffers", None)
+    if isinstance(bufs, list | tuple):
+        info["ddp_buffer_grad_dtypes"] = sorted({str(getattr(b, "grad_dtype", "?")).replace("torch.", "") for b in bufs})
+    info["optimizer_class"] = type(opt).__name__
+    inner = getattr(opt, "optimizer", None)
+    if inner is not None:
+        d = getattr(inner, "defaults", {})
+        info["torch_optimizer"] = {"class": type(inner).__name__, "foreach": d.get("foreach"), "fused": d.get("fused")}
+    return info
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen3-1.7b", choices=sorted(PRESETS))
@@ -78,6 +255,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--cumem", action="store_true", help="params/grads/optimizer in vime CuMem regions; pause+resume after the steps")
+    ap.add_argument("--account", action=argparse.BooleanOptionalAction, default=True,
+                    help="one extra untimed step per shape with memory by phase and saved-tensor accounting")
+    ap.add_argument("--cpu-bf16", action="store_true", help="CPU dry run: bf16 parameters and activations as on the GPU")
+    ap.add_argument("--cast-bf16", action="store_true",
+                    help="cast the whole module to bf16 after building it, as Megatron-LM's Float16Module and vime's "
+                         "actor do (without it the local spec's torch RMSNorm weights stay fp32)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -93,8 +276,9 @@ def main() -> int:
     p = PRESETS[args.preset]
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     cuda = args.device == "cuda"
+    bf16 = cuda or args.cpu_bf16
     result: dict = {"preset": args.preset, "config": p, "params": count_params(p), "device": args.device,
-                    "cumem": args.cumem, "argv": sys.argv, "shapes": [], "ok": False}
+                    "cumem": args.cumem, "cast_bf16": args.cast_bf16, "argv": sys.argv, "shapes": [], "ok": False}
 
     def dump() -> None:
         with open(args.out, "w") as f:
@@ -136,8 +320,8 @@ def main() -> int:
         num_query_groups=p["num_query_groups"], kv_channels=p["kv_channels"], ffn_hidden_size=p["ffn_hidden_size"],
         normalization="RMSNorm", layernorm_epsilon=1e-6, gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, qk_layernorm=True, hidden_dropout=0.0, attention_dropout=0.0,
-        bf16=cuda, params_dtype=torch.bfloat16 if cuda else torch.float32,
-        pipeline_dtype=torch.bfloat16 if cuda else torch.float32,
+        bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_cpu_initialization=not cuda, apply_rope_fusion=False, bias_dropout_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
     )
@@ -147,6 +331,8 @@ def main() -> int:
         model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=p["vocab_size"],
                          max_sequence_length=max_seq, position_embedding_type="rope", rotary_base=1000000,
                          share_embeddings_and_output_weights=p["tie"])
+        if args.cast_bf16 and bf16:
+            model = model.to(torch.bfloat16)
         if cuda:
             model.cuda()
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
@@ -174,6 +360,7 @@ def main() -> int:
         if hook is not None:
             result["cumem_bytes_by_tag"] = {t: hook.allocator.allocated_bytes(t) for t in ("params", "grads", "optimizer")}
     result["build_s"] = time.perf_counter() - t0
+    result["software"] = describe_stack(model, opt, bf16)
     dump()
 
     def sync() -> None:
@@ -211,6 +398,59 @@ def main() -> int:
         return {"fwd_s": t1 - t0, "bwd_s": t2 - t1, "opt_s": t3 - t2, "step_s": t3 - t0,
                 "loss": float(loss.item()), "grad_norm": float(grad_norm or 0.0), "update_ok": bool(ok)}
 
+    # Storages the accounting leaves out: the weights and their gradient buffers (not activations).
+    weight_ptrs: set[int] = set()
+    for prm in model.parameters():
+        weight_ptrs.add(prm.untyped_storage().data_ptr())
+        if getattr(prm, "main_grad", None) is not None:
+            weight_ptrs.add(prm.main_grad.untyped_storage().data_ptr())
+
+    def accounted_step(mbs: int, seq: int) -> dict:
+        """One untimed step: memory_allocated/peaks by phase (CUDA) and what the forward saved for backward."""
+        ids = torch.randint(0, p["vocab_size"], (mbs, seq), generator=gen).to(dev)
+        labels = torch.roll(ids, -1, dims=1)
+        pos = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
+        mask = None if cuda else torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1)
+        model.zero_grad_buffer()
+        opt.zero_grad()
+        mem: dict = {}
+
+        def mark(key: str) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+                mem[key] = torch.cuda.memory_allocated()
+
+        def phase_peak(key: str) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+                mem[key] = torch.cuda.max_memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+
+        mark("allocated_before_forward")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        acct = SavedTensorAccounting(model.module, weight_ptrs)
+        with acct:
+            out = model(ids, pos, mask, labels=labels)
+            loss = out.float().mean()
+        mark("allocated_after_forward")
+        phase_peak("peak_forward")
+        loss.backward()
+        if torch.distributed.get_world_size() > 1:
+            model.finish_grad_sync()
+        del out
+        mark("allocated_after_backward")
+        phase_peak("peak_backward")
+        opt.step()
+        mark("allocated_after_optimizer")
+        phase_peak("peak_optimizer")
+        summary = acct.summary(mbs * seq, p["num_layers"])
+        if cuda:
+            mem["forward_kept_bytes"] = mem["allocated_after_forward"] - mem["allocated_before_forward"]
+            mem["forward_kept_bytes_per_token"] = mem["forward_kept_bytes"] / (mbs * seq)
+            mem["saved_minus_kept_bytes"] = summary["total_saved_bytes"] - mem["forward_kept_bytes"]
+        return {"memory": mem, "saved": summary, "loss": float(loss.item())}
+
     for mbs, seq in shapes:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -224,6 +464,8 @@ def main() -> int:
             entry["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             entry["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
             entry["tflops_fwd_bwd"] = entry["fwd_bwd_flops"] / (entry["fwd_s_median"] + entry["bwd_s_median"]) / 1e12
+        if args.account:
+            entry["accounting"] = accounted_step(mbs, seq)
         result["shapes"].append(entry)
         print(f"megatron {args.preset} mbs={mbs} seq={seq}: fwd {entry['fwd_s_median'] * 1e3:.1f} ms "
               f"bwd {entry['bwd_s_median'] * 1e3:.1f} ms opt {entry['opt_s_median'] * 1e3:.1f} ms "
