@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import sys
-import re
 import time
 from contextlib import nullcontext
 
