@@ -3,6 +3,9 @@
 # build a random Qwen3, start vLLM 0.25.1 with sleep mode + IPC weight transfer through vime's
 # launcher, and measure with vime's client (scripts/h200/vllm_bench.py). Output in $OUT.
 #   run(command="bash scripts/h200/vllm_run.sh", timeout_s=600)   (after ship_part.sh calls for every part)
+# BENCH_ARGS go to vllm_bench.py as they are, e.g. the issue-12 rerun (frontend cost, 5 prefill repeats,
+# 4 level-1 and 6 level-2 cycles, no decode grid; ~170 s of script after unpacking):
+#   BENCH_ARGS="--skip-decode" bash scripts/h200/vllm_run.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/vime-out}; mkdir -p "$OUT"
