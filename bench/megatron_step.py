@@ -26,8 +26,8 @@ PRESETS = {
     "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
                  ffn_hidden_size=128, vocab_size=512, tie=True),
     # Qwen3-1.7B's ratios (ffn = 3h, GQA 2:1, heads = h / 128 ... scaled) at CPU size, for the accounting
-    "qwen3-mini": dict(num_layers=2, hidden_size=256, num_attention_heads=4, num_query_groups=2, kv_channels=64,
-                       ffn_hidden_size=768, vocab_size=4096, tie=True),
+    "qwen3-mini": dict(num_layers=2, hidden_size=256, num_attention_heads=4, num_query_groups=2,
+                       kv_channels=64, ffn_hidden_size=768, vocab_size=4096, tie=True),
     "qwen3-0.6b": dict(num_layers=28, hidden_size=1024, num_attention_heads=16, num_query_groups=8,
                        kv_channels=128, ffn_hidden_size=3072, vocab_size=151936, tie=True),
     "qwen3-1.7b": dict(num_layers=28, hidden_size=2048, num_attention_heads=16, num_query_groups=8,
@@ -57,12 +57,16 @@ def count_params(p: dict) -> int:
     return L * per_layer + v * h * (1 if p["tie"] else 2) + h
 
 
+def _dtype(d) -> str:
+    return str(d).replace("torch.", "")
+
+
 _LAYER = re.compile(r"^(?P<pre>.*?layers)\.(?P<idx>\d+)(?P<rest>(\..*)?)$")
 OUTSIDE = "<outside model>"
 
 
 def module_kind(name: str) -> tuple[str, int | None]:
-    """`decoder.layers.3.mlp.linear_fc1` -> (`decoder.layers.*.mlp.linear_fc1`, 3); names outside layers -> (name, None)."""
+    """`decoder.layers.3.mlp.linear_fc1` -> (`decoder.layers.*.mlp.linear_fc1`, 3); others -> (name, None)."""
     m = _LAYER.match(name)
     if m is None:
         return name, None
@@ -70,7 +74,7 @@ def module_kind(name: str) -> tuple[str, int | None]:
 
 
 class SavedTensorAccounting:
-    """Which module saved how many bytes for the backward during one forward (seed step: issue 12 calibration).
+    """Which module saved how many bytes for the backward during one forward (issue 12 calibration).
 
     Module pre/post hooks keep a stack of running module names; autograd's pack hook records, per
     underlying storage (first saver wins), its byte size, dtype and the saving module, and returns
@@ -123,14 +127,14 @@ class SavedTensorAccounting:
         who = self.stack[-1] if self.stack else OUTSIDE
         rec = self.seen.get(ptr)
         if rec is None:
-            self.seen[ptr] = {"module": who, "bytes": int(st.nbytes()), "dtype": str(t.dtype).replace("torch.", ""),
+            self.seen[ptr] = {"module": who, "bytes": int(st.nbytes()), "dtype": _dtype(t.dtype),
                               "shape": list(t.shape), "layers": {module_kind(who)[1]}}
         else:
             rec["layers"].add(module_kind(who)[1])
         return t
 
     def summary(self, tokens: int, num_layers: int, top: int = 15) -> dict:
-        """Bytes per module kind (per layer and per token), per layer, outside the layers, and layer 0's largest storages."""
+        """Bytes per module kind (per layer, per token), per layer, outside the layers; layer 0's largest."""
         by_kind: dict[str, int] = {}
         by_layer = [0] * num_layers
         outside: dict[str, int] = {}
@@ -156,7 +160,8 @@ class SavedTensorAccounting:
         return {
             "tokens": tokens,
             "storages": len(self.seen),
-            "per_kind_bytes_per_layer_token": {k: v / num_layers / tokens for k, v in sorted(by_kind.items())},
+            "per_kind_bytes_per_layer_token": {k: v / num_layers / tokens
+                                               for k, v in sorted(by_kind.items())},
             "per_layer_bytes": by_layer,
             "per_layer_bytes_per_token": [b / tokens for b in by_layer],
             "layers_total_bytes": layer_total,
@@ -230,20 +235,22 @@ def describe_stack(ddp_model, opt, bf16: bool) -> dict:
                          else f"{type(core).__name__} (not the unfused local DotProductAttention)")
     softmax = getattr(core, "scale_mask_softmax", None)
     if softmax is not None:
-        info["softmax"] = {"class": cls(softmax), "fusion": getattr(softmax, "scaled_masked_softmax_fusion", None),
+        info["softmax"] = {"class": cls(softmax),
+                           "fusion": getattr(softmax, "scaled_masked_softmax_fusion", None),
                            "softmax_in_fp32": getattr(softmax, "softmax_in_fp32", None)}
     params = list(ddp_model.parameters())
-    info["param_dtype"] = str(params[0].dtype).replace("torch.", "")
-    grads = {str(q.main_grad.dtype).replace("torch.", "") for q in params if getattr(q, "main_grad", None) is not None}
+    info["param_dtype"] = _dtype(params[0].dtype)
+    grads = {_dtype(q.main_grad.dtype) for q in params if getattr(q, "main_grad", None) is not None}
     info["main_grad_dtypes"] = sorted(grads)
     bufs = getattr(ddp_model, "buffers", None)
     if isinstance(bufs, list | tuple):
-        info["ddp_buffer_grad_dtypes"] = sorted({str(getattr(b, "grad_dtype", "?")).replace("torch.", "") for b in bufs})
+        info["ddp_buffer_grad_dtypes"] = sorted({_dtype(getattr(b, "grad_dtype", "?")) for b in bufs})
     info["optimizer_class"] = type(opt).__name__
     inner = getattr(opt, "optimizer", None)
     if inner is not None:
         d = getattr(inner, "defaults", {})
-        info["torch_optimizer"] = {"class": type(inner).__name__, "foreach": d.get("foreach"), "fused": d.get("fused")}
+        info["torch_optimizer"] = {"class": type(inner).__name__, "foreach": d.get("foreach"),
+                                   "fused": d.get("fused")}
     return info
 
 
@@ -257,10 +264,11 @@ def main() -> int:
     ap.add_argument("--cumem", action="store_true", help="params/grads/optimizer in vime CuMem regions; pause+resume after the steps")
     ap.add_argument("--account", action=argparse.BooleanOptionalAction, default=True,
                     help="one extra untimed step per shape with memory by phase and saved-tensor accounting")
-    ap.add_argument("--cpu-bf16", action="store_true", help="CPU dry run: bf16 parameters and activations as on the GPU")
+    ap.add_argument("--cpu-bf16", action="store_true",
+                    help="CPU dry run: bf16 parameters and activations as on the GPU")
     ap.add_argument("--cast-bf16", action="store_true",
-                    help="cast the whole module to bf16 after building it, as Megatron-LM's Float16Module and vime's "
-                         "actor do (without it the local spec's torch RMSNorm weights stay fp32)")
+                    help="cast the whole module to bf16 after building it, as Megatron-LM's Float16Module "
+                         "and vime's actor do (without it the local spec's torch RMSNorm weights stay fp32)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -278,7 +286,8 @@ def main() -> int:
     cuda = args.device == "cuda"
     bf16 = cuda or args.cpu_bf16
     result: dict = {"preset": args.preset, "config": p, "params": count_params(p), "device": args.device,
-                    "cumem": args.cumem, "cast_bf16": args.cast_bf16, "argv": sys.argv, "shapes": [], "ok": False}
+                    "cumem": args.cumem, "cast_bf16": args.cast_bf16, "argv": sys.argv, "shapes": [],
+                    "ok": False}
 
     def dump() -> None:
         with open(args.out, "w") as f:
@@ -406,7 +415,7 @@ def main() -> int:
             weight_ptrs.add(prm.main_grad.untyped_storage().data_ptr())
 
     def accounted_step(mbs: int, seq: int) -> dict:
-        """One untimed step: memory_allocated/peaks by phase (CUDA) and what the forward saved for backward."""
+        """One untimed step: memory_allocated/peaks by phase (CUDA), what the forward saved for backward."""
         ids = torch.randint(0, p["vocab_size"], (mbs, seq), generator=gen).to(dev)
         labels = torch.roll(ids, -1, dims=1)
         pos = torch.arange(seq, device=dev).unsqueeze(0).expand(mbs, -1)
