@@ -374,6 +374,7 @@ def _ms(s: dict) -> str:
 async def run(args) -> dict:
     import httpx
 
+    from vime.errors import EngineError
     from vime.protocols import GenerateRequest
     from vime.real.launcher import Launcher, ServerSpec, server_command
     from vime.real.vllm_client import VLLMEngine
@@ -577,7 +578,12 @@ async def run(args) -> dict:
                 t = time.perf_counter()
                 dec = []
                 for b, n in args.decode_grid:
-                    dec.append(await batch(b, 128, n))
+                    try:
+                        dec.append(await batch(b, 128, n))
+                    except EngineError as exc:  # keep measuring the other phases; the row says why
+                        res.setdefault("errors", []).append(f"decode B={b} n={n}: {exc}")
+                        print(f"decode B={b} n={n} FAILED: {exc}", flush=True)
+                        continue
                     print(f"decode B={b} n={n}: {dec[-1]['wall_s']:.2f}s {dec[-1]['tokens_per_s']:.0f} tok/s "
                           f"{dec[-1]['s_per_step'] * 1e3:.2f} ms/step", flush=True)
                     res["phases"]["decode"] = dec

@@ -46,10 +46,17 @@ BODY_EXCERPT = 300
 POOL_SHARD_SIZE = 8
 
 
-def default_limits(max_concurrency: int = 1024) -> httpx.Limits:
+#: How long an idle pooled connection is kept. vLLM's API server (uvicorn) closes a connection
+#: idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE = 5 s; a client that keeps it longer can send a generate
+#: on a socket the server is closing at that moment and get ReadError (seen on the H200: the first
+#: batch after a 5 s lull failed). Dropping idle connections first removes that race.
+KEEPALIVE_EXPIRY_S = 4.0
+
+
+def default_limits(max_concurrency: int = 1024, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> httpx.Limits:
     """Pool sized for a rollout's concurrency: one connection per in-flight generate (seed step 18)."""
     return httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency,
-                        keepalive_expiry=60.0)
+                        keepalive_expiry=keepalive_expiry_s)
 
 
 def default_timeout(generate_s: float | None = None) -> httpx.Timeout:
@@ -123,6 +130,7 @@ class VLLMEngine:
     to generate calls (needed when a consistent_hash router sits in front, seed step 21).
     `flush_retries` / `flush_interval_s` bound the reset_prefix_cache retry loop (seed step 46:
     once a second, 60 times). `sleep` is the coroutine used between retries (tests pass a fake).
+    `keepalive_expiry_s` must stay below the server's keep-alive timeout (KEEPALIVE_EXPIRY_S).
     """
 
     def __init__(self, name: str, base_url: str, *, model: str | None = None,
@@ -130,6 +138,7 @@ class VLLMEngine:
                  timeout: httpx.Timeout | None = None, control_timeout_s: float = 300.0,
                  max_concurrency: int = 1024, session_header: bool = False,
                  flush_retries: int = 60, flush_interval_s: float = 1.0,
+                 keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"engine {name}: base_url {base_url!r} must start with http:// or https://")
@@ -154,7 +163,7 @@ class VLLMEngine:
             per = -(-max_concurrency // shards)
             # retries=0: a generate must never be re-sent behind the caller's back (not idempotent).
             ctx = _ssl_context()  # one for all shards: building one costs ~40 ms (CA bundle)
-            transports = [httpx.AsyncHTTPTransport(limits=default_limits(per), retries=0, verify=ctx)
+            transports = [httpx.AsyncHTTPTransport(limits=default_limits(per, keepalive_expiry_s), retries=0, verify=ctx)
                           for _ in range(shards)]
         self._clients = [httpx.AsyncClient(base_url=self.base_url, transport=t, timeout=timeout)
                          for t in transports]
