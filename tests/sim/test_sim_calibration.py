@@ -189,11 +189,14 @@ def test_first_step_after_idle_pays_host_and_gpu():
 
     clock.run(main(), env=env)
     im = e.cost
+    runs = [VLLM] + [json.loads((DATA / f"h200_vllm_0.25.1_{b}.json").read_text()) for b in ("b1", "b2")]
     for n, took in zip((2048, 8192), done, strict=True):
-        assert took == pytest.approx(im.first_time(n, 0, n * (n + 1) / 2, 1), rel=1e-9)
-        assert took - im.time(n, 0, n * (n + 1) / 2, 1) == pytest.approx(im.host(1), rel=1e-9)
-        measured = min(r["wall_s"] for r in VLLM["phases"]["prefill"] if r["prompt_len"] == n)
-        # 8192: -6 %; 2048: -13 % (vLLM's per-request front end, a few ms, is not modelled)
+        engine_part = took - e.settings.request_overhead_s  # the front end's fixed latency is outside the engine
+        assert engine_part == pytest.approx(im.first_time(n, 0, n * (n + 1) / 2, 1), rel=1e-9)
+        assert engine_part - im.time(n, 0, n * (n + 1) / 2, 1) == pytest.approx(im.host(1), rel=1e-9)
+        measured = statistics.median(r["wall_s"] for run in runs for r in run["phases"]["prefill"]
+                                     if r["prompt_len"] == n)
+        # median of the three runs' repeats: 8192: -1 %; 2048: -14 % (the runs spread 37-57 ms at 2048)
         assert _err(took, measured) < (0.10 if n == 8192 else 0.15)
         assert _err(took - im.host(1), measured) > _err(took, measured)  # the host step moves it closer
     # a profile without a host step is unchanged by the rule

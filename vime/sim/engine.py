@@ -37,6 +37,11 @@ Semantics (VLLM_API.md) that the tests pin down:
   kept request loses its KV (it recomputes after wake_up), and a scheduler that is already paused
   cannot drain, so "wait" then keeps.
 - `is_sleeping()` reports memory (weights or KV released), not the pause flag.
+- Every generate pays `EngineSettings.request_overhead_s` outside the engine (the API server and
+  engine-core IPC, measured on the H200): half before the request reaches the scheduler, half after
+  it finishes, so it adds latency but no engine time; pause(wait) returns after the drained
+  requests' responses. The first weight-update session of a server process pays `first_update_s`
+  more (IPC transfer setup); a restart is a new process.
 - A cancelled generate (client gone) aborts its request at the next boundary.
 - Responses: the length comes from `LengthSampler` keyed by the request id (or session id), the
   tokens are a window of a seeded pool chosen by the same key, so both are independent of
@@ -123,6 +128,16 @@ class EngineSettings:
     allreduce_latency_s: float = 8e-6
     #: One HTTP control round trip (pause, resume, sleep/wake request, weight-update call); estimate.
     http_rtt_s: float = 0.002
+    #: Fixed latency of every generate request outside the engine's iterations: vLLM's API server
+    #: (HTTP, JSON parse and serialise), the ZMQ hops to the engine core and back, output
+    #: processing, and vime's client. Paid half before the request reaches the scheduler and half
+    #: after it finishes; it occupies no engine time, so concurrent requests still batch together.
+    #: Measured on the H200 with vLLM 0.25.1 (bench/data/h200_vllm_0.25.1_b{0,1,2}*.json, phase
+    #: `frontend`): a lone 16-token request with max_tokens 1 through vime's client took
+    #: 18.4 / 22.0 / 18.8 ms (median of 20 per run; /health 1.1–1.5 ms); the median over runs,
+    #: 18.8 ms, minus the modelled first step of 16 tokens on an idle engine (IterationModel.first_time
+    #: with H200-141G-measured and Qwen3-4B: 7.5 ms = 4.0 GPU + 3.6 host) → 11.3 ms.
+    request_overhead_s: float = 0.0113
     #: Per weight bucket: opening the CUDA IPC handles on every TP rank and vLLM's per-call work
     #: around load_weights; measured 10–22 ms per bucket with vLLM 0.25.1's IPC backend on the
     #: H200 (8 GB in 16 buckets, bench/data/h200_vllm_0.25.1.json), ~13 ms once transfer is taken out.
@@ -142,6 +157,12 @@ class EngineSettings:
     #: (copied) weights pay it: a level-2 sleep, which copies nothing, measured no such term.
     sleep_per_tensor_s: float = 80e-6
     wake_per_tensor_s: float = 180e-6
+    #: Extra cost of the first weight-update session a server process opens (the IPC weight-transfer
+    #: setup on first use); `restart()` brings it back. vLLM 0.25.1 on the H200 (three runs,
+    #: bench/data/h200_vllm_0.25.1{,_b1,_b2}.json, phase sleep_l2_ipc): start_update_s 31.2 / 36.6 /
+    #: 34.0 ms on cycle 0 against a median of 12.1 / 17.3 / 15.4 ms on the later cycles → 19.2 /
+    #: 19.3 / 18.6 ms extra; median 19.2 ms.
+    first_update_s: float = 0.0192
     #: Per tensor in a bucket: vLLM's load_weights Python dispatch; estimate.
     load_per_tensor_s: float = 20e-6
     #: Bytes/s a TP rank reads weights from the trainer's buffer and writes its shard: None =
@@ -168,6 +189,10 @@ class EngineSettings:
             raise ConfigError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ConfigError(f"block size must be ≥ 1, got {self.block_size}")
+        for name in ("request_overhead_s", "first_update_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")
 
     @classmethod
     def from_args(cls, args: Any, **overrides: Any) -> EngineSettings:
@@ -535,6 +560,7 @@ class SimEngine:
         self.vocab_size = int(model.vocab_size)
         self._tags_asleep: dict[str, str] = {}  # tag → "offloaded" | "discarded" (allocator-less mode)
         self._host_pinned: dict[str, int] = {}  # tag → pinned host bytes kept across cycles (allocator-less mode)
+        self._updated_once = False  # this server process has opened a weight-update session
         self._failed: str | None = None
         self._epoch = 0
         self._seq = 0
@@ -562,6 +588,7 @@ class SimEngine:
         self._wake: simpy.Event | None = None
         self._busy_since: float | None = None
         self._busy_tokens = 0
+        self._tail_until = 0.0  # when the last finished request's response has left the front end
 
     def _allocate_memory(self) -> None:
         if self.allocator is None:
@@ -636,6 +663,11 @@ class SimEngine:
             raise EngineError(self.name, "generate",
                               f"this model's maximum context length is {limit} tokens, but the request "
                               f"asks for {prompt} prompt + {max_tokens} completion tokens", status=400)
+        # The front end's way in (API server, engine-core IPC): the request reaches the scheduler
+        # after half the fixed per-request latency, the response leaves after the other half.
+        half = self.settings.request_overhead_s / 2
+        await self._pause_for(half)
+        self._alive("generate")  # the server may have died while the request was on its way in
         key = self._sample_key(request)
         if sp.get("ignore_eos"):
             draw = LengthDraw(max_tokens, "length")  # vLLM generates until max_tokens
@@ -666,6 +698,7 @@ class SimEngine:
             raise
         if isinstance(outcome, BaseException):
             raise outcome
+        await self._pause_for(half)  # output processing, engine core → API server → client
         return outcome
 
     def _sample_key(self, request: GenerateRequest) -> str:
@@ -699,6 +732,8 @@ class SimEngine:
 
     def _finish(self, req: _Req, finish: str) -> None:
         req.mode = _DONE
+        # Its response still crosses the front end (generate's second half of request_overhead_s).
+        self._tail_until = max(self._tail_until, float(self.env.now) + self.settings.request_overhead_s / 2)
         if finish == "abort":
             self.stats.aborted += 1
         else:
@@ -1063,6 +1098,10 @@ class SimEngine:
         self.lifecycle.check_pause(mode)
         await self._pause_for(self.settings.http_rtt_s / 2)
         await self._control("pause", mode)
+        if mode == "wait":
+            # vLLM's drain waits for its output processor, which handles the drained requests'
+            # last outputs: their responses are out by the time the pause answers.
+            await self._pause_for(self._tail_until - float(self.env.now))
         await self._pause_for(self.settings.http_rtt_s / 2)
         self._report("pause", t0)
 
@@ -1215,7 +1254,9 @@ class SimEngine:
         t0 = float(self.env.now)
         self._alive("start_weight_update")
         self.lifecycle.check_start_update()
-        await self._pause_for(self.settings.http_rtt_s)
+        first = 0.0 if self._updated_once else self.settings.first_update_s
+        await self._pause_for(self.settings.http_rtt_s + first)
+        self._updated_once = True
         self.lifecycle.on_start_update()
         self._report("start_weight_update", t0)
 
@@ -1313,6 +1354,7 @@ class SimEngine:
             await self.allocator.wake_up(None)
         self._tags_asleep.clear()
         self._host_pinned.clear()  # a new server process: its pinned pool is gone
+        self._updated_once = False  # ... and its weight-transfer setup
         self._epoch += 1
         self._reset_scheduler()
         self._proc = self.env.process(self._loop(self._epoch))
