@@ -35,6 +35,7 @@ vLLM bench JSON, when given), and the provenance (machine, driver, dates, comman
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -521,10 +522,16 @@ _STATE_BYTES_NO_GRAD = 2 + 4 + 4 + 4
 
 
 def _minimax_1d(errors, lo: float, hi: float, iters: int = 200) -> float:
-    """argmin over [lo, hi] of max_i |errors(x)_i| for errors linear in x (the max of |linear| is convex)."""
+    """argmin over [lo, hi] of max_i |errors(x)_i| for errors affine in x (the max of |affine| is
+    convex). A row held at a floor (max(affine, constant)) can make the maximum flat over a stretch;
+    the mean |error| breaks such ties so the search still moves towards the best balance."""
+    def key(x: float) -> float:
+        e = [abs(v) for v in errors(x)]
+        return max(e) + 1e-3 * sum(e) / len(e)
+
     for _ in range(iters):
         a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if max(map(abs, errors(a))) <= max(map(abs, errors(b))):
+        if key(a) <= key(b):
             hi = b
         else:
             lo = a
@@ -547,6 +554,45 @@ def _solve2(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
 def _spec(prof: dict):
     _, hardware, _, _ = _sim()
     return hardware.HardwareSpec.from_dict(prof, origin="calibration fit")
+
+
+#: bench/pin_cost.py methods that pin (the others only populate pages).
+PINNING_METHODS = ("cu_1g", "cu_256m", "torch_pin", "register_thp")
+
+
+def _pool_pinned(raw: dict, vm: dict, src: dict, where: str) -> None:
+    """pinned_alloc/free_s_per_gib from every direct measurement when the pinned-memory probe ran:
+    the same call varied 0.34-0.72 s/GiB between processes on the H200's VM (page population,
+    not the API: bench/pin_cost.py's `touch` without pinning cost as much), so one run is a draw
+    from that spread and the median of all of them is the estimate."""
+    if not raw.get("pin_cost"):
+        return
+    alloc, free = pinned_samples(raw)
+    for key, xs in (("pinned_alloc_s_per_gib", alloc), ("pinned_free_s_per_gib", free)):
+        vm[key] = statistics.median(xs)
+        src[f"vmm.{key}"] = (f"median of {len(xs)} direct measurements ({min(xs):.3f}-{max(xs):.3f} s/GiB): "
+                             f"bench/pin_cost.py ({', '.join(PINNING_METHODS)} at 4 and 16 GiB, each in a fresh "
+                             f"process), the calibrate vmm probe and the first pauses of bench/cumem_pause.py; "
+                             f"the spread is the VM's page population, not the API, {where}")
+
+
+def pinned_samples(raw: dict) -> tuple[list[float], list[float]]:
+    """Every direct measurement of pinning and of freeing pinned memory in `raw`, s/GiB."""
+    probes = raw.get("pin_cost") or []
+    alloc: list[float] = [p["alloc_s_per_gib"] for p in raw.get("vmm", {}).get("pinned_host", [])]
+    free: list[float] = [p["free_s_per_gib"] for p in raw.get("vmm", {}).get("pinned_host", [])]
+    for r in raw.get("cumem", {}).get("runs", []):
+        res = r.get("result") or {}
+        info = (res.get("cycles") or [{}])[0].get("pause_info") or {}
+        if res.get("method") in ("vime", "plain") and info.get("host_alloc_seconds"):
+            alloc.append(info["host_alloc_seconds"] / (res["kept_bytes"] / GIB))
+    for probe in probes:
+        for run in probe.get("runs", []):
+            if run.get("method") in PINNING_METHODS:
+                for rep in run.get("reps", []):
+                    alloc.append(rep["alloc_s_per_gib"])
+                    free.append(rep["free_s_per_gib"])
+    return alloc, free
 
 
 def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
@@ -583,6 +629,24 @@ def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
             f"bench/megatron_step.py (grad_reduce_in_fp32=False): state after init {per:.2f} B/param = "
             f"{_STATE_BYTES_NO_GRAD} (bf16 params, fp32 master, Adam m, v) + {per - _STATE_BYTES_NO_GRAD:.2f} of grads"
             + (f"; grads region {grads / params:.2f} B/param" if grads else ""))
+    classes = (res.get("software") or {}).get("layer0_classes") or {}
+    norm_cls = classes.get("input_layernorm", "")
+    if "transformer_engine" in norm_cls or "apex" in norm_cls or "Fused" in norm_cls:
+        sw["train_norm"], sw["train_elementwise"] = "fused", "fused"
+        notes["software.train_norm"] = f"layer 0's input norm is {norm_cls} (fused)"
+        notes["software.train_elementwise"] = "TransformerEngine / fused layer spec"
+    elif sw.get("train_attention") == "unfused":
+        cast = bool(res.get("cast_bf16"))
+        sw["train_norm"] = "torch" if cast else "torch_fp32_weight"
+        notes["software.train_norm"] = (
+            f"local spec norms are {norm_cls or 'torch.nn.RMSNorm (older run: classes not recorded)'}, "
+            + ("model cast to bf16 (--cast-bf16, as vime's actor and Float16Module do): fused for contiguous "
+               "inputs, the key norm's strided input takes the composite path" if cast else
+               "weights left fp32 (no cast): every norm takes torch's composite path")
+            + " (saved-tensor accounting, bench/megatron_step.py --account)")
+        sw["train_elementwise"] = "unfused"
+        notes["software.train_elementwise"] = ("local spec: bench/megatron_step.py sets apply_rope_fusion=False and "
+                                               "runs SwiGLU unfused (bias_activation_fusion off, no TE)")
     opt = res.get("torch_optimizer")
     if opt:
         fused = "fused" in opt.lower() or opt.startswith(("FusedAdam", "TE"))
@@ -659,41 +723,83 @@ def _fit_prefill(prof: dict, rows: list[dict], where: str) -> None:
         src["efficiency.prefill_mfu"] = f"prefill FLOPs / time / bf16_flops of the {r['tokens']}-token prompt (no eager constant fitted), {where}"
 
 
-def _fit_train(prof: dict, res: dict, where: str) -> None:
-    """train_mfu: one matmul rate, minimax of the relative error over the forward and backward of every
-    measured shape, through the simulator's trainer model (vime.sim.trainer.compute_seconds with the
-    profile's software: unfused attention's s² matmuls and score traffic ride on the streaming rate)."""
-    _, _, models, trainer = _sim()
-    spec = models.load_model(MEGATRON_MODELS[res["preset"]])
-    shapes = res["shapes"]
+def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
+    """The trainer's rates from every measured Megatron step, through the simulator's own model
+    (vime.sim.trainer.compute_seconds, each run with its own software: unfused attention's s²
+    matmuls and score traffic, unfused norms and elementwise kernels ride on the streaming rate).
 
-    def times(mfu: float) -> list[float]:
-        p = json.loads(json.dumps(prof))
-        p["efficiency"]["train_mfu"] = mfu
-        hw = _spec(p)
+    - train_host_{fwd,bwd}_s_per_layer: from the host-bound shapes, those whose modelled GPU time
+      is under half of what was measured (a GPU that waits on the CPU's launches): the median of
+      their time per layer; 0 when no shape is host-bound;
+    - train_mfu: one matmul rate, minimax of the relative error over the forward and backward of
+      every shape of every run, with the floors applied.
+    """
+    _, hardware, models, trainer = _sim()
+    cases = []  # (model, hardware with that run's software, lengths, fwd, bwd)
+    base = _spec(prof)
+    for res in runs:
+        sw, _ = _megatron_software(res, {})
+        hw = dataclasses.replace(base, software=dataclasses.replace(base.software, **sw))
+        spec = models.load_model(MEGATRON_MODELS[res["preset"]])
+        for e in res["shapes"]:
+            cases.append((spec, hw, [e["seq"]] * e["mbs"], e["fwd_s_median"], e["bwd_s_median"],
+                          f"{res['preset']} {e['mbs']}x{e['seq']}{' bf16-norms' if res.get('cast_bf16') else ''}"))
+
+    def with_eff(hw, **eff):
+        return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **eff))
+
+    no_floor = {"train_host_fwd_s_per_layer": 0.0, "train_host_bwd_s_per_layer": 0.0}
+    bound: dict[str, list[float]] = {"fwd": [], "bwd": []}
+    for spec, hw, lengths, fwd, bwd, _ in cases:
+        gf, gb = trainer.compute_seconds(spec, with_eff(hw, **no_floor), lengths)
+        if gf < 0.5 * fwd:
+            bound["fwd"].append(fwd / spec.num_layers)
+        if gb < 0.5 * bwd:
+            bound["bwd"].append(bwd / spec.num_layers)
+    floors = {f"train_host_{k}_s_per_layer": statistics.median(v) if v else 0.0 for k, v in bound.items()}
+    prof["efficiency"].update(floors)
+    bound_names = [c[5] for c in cases
+                   if trainer.compute_seconds(c[0], with_eff(c[1], **no_floor), c[2])[0] < 0.5 * c[3]]
+    for k, v in bound.items():
+        prof["sources"][f"efficiency.train_host_{k}_s_per_layer"] = (
+            f"median {k} time per layer of the host-bound Megatron shapes ({', '.join(bound_names)}: modelled GPU "
+            f"time under half the measured), {where}" if v else f"no host-bound {k} shape measured: 0, {where}")
+
+    def errors(x: float, y: float, k: float = 2.0, parts: tuple[int, ...] = (0, 1)) -> list[float]:
         out = []
-        for e in shapes:
-            out.extend(trainer.compute_seconds(spec, hw, [e["seq"]] * e["mbs"]))
+        for spec, hw, lengths, fwd, bwd, _ in cases:
+            eff = with_eff(hw, train_mfu=1.0 / x, train_attention_mfu=1.0 / y if unfused else 0.0,
+                           train_backward_factor=k, **floors)
+            t = trainer.compute_seconds(spec, eff, lengths)
+            out += [(t[i] - m) / m for i, m in ((0, fwd), (1, bwd)) if i in parts]
         return out
 
-    measured = [v for e in shapes for v in (e["fwd_s_median"], e["bwd_s_median"])]
-    # time = A / mfu + B for every phase: read A, B from two evaluations, then fit x = 1 / mfu.
-    t1, t2 = times(1.0), times(0.5)
-    a = [y - x for x, y in zip(t1, t2, strict=True)]
-    b = [x - ai for x, ai in zip(t1, a, strict=True)]
+    # The forward fixes the GEMM rates, the backward then its factor over the forward. Unfused
+    # attention's batched matmuls get their own rate when the runs have them: the max of |affine|
+    # errors is convex in (1/mfu, 1/attention mfu), so nested 1-d minimax searches find it.
+    unfused = any(c[1].software.train_attention == "unfused" for c in cases)
 
-    def errors(x: float) -> list[float]:
-        return [(ai * x + bi - m) / m for ai, bi, m in zip(a, b, measured, strict=True)]
+    def inner(y: float) -> float:
+        return _minimax_1d(lambda x: errors(x, y, parts=(0,)), 1.0, 100.0, iters=80)
 
-    x = _minimax_1d(errors, 1.0, 100.0)
-    prof["efficiency"]["train_mfu"] = 1.0 / x
-    worst = max(map(abs, errors(x)))
-    prof["sources"]["efficiency.train_mfu"] = (
-        f"fit: one rate for the matmuls (minimax over fwd and bwd of Megatron-core {res['preset']} "
-        f"{' and '.join(str(e['mbs']) + 'x' + str(e['seq']) for e in shapes)}, max error {100 * worst:.1f} %) with "
-        f"{prof.get('software', {}).get('train_attention', 'flash')} attention "
-        f"{'(full s^2 matmuls and score traffic modelled apart) ' if prof.get('software', {}).get('train_attention') == 'unfused' else ''}"
-        f"(vime.sim.trainer.compute_seconds), {where}")
+    y = _minimax_1d(lambda y: errors(inner(y), y, parts=(0,)), 1.0, 100.0, iters=80) if unfused else 1.0
+    x = inner(y)
+    k = _minimax_1d(lambda k: errors(x, y, k, parts=(1,)), 1.0, 4.0, iters=80)
+    eff = prof["efficiency"]
+    eff["train_mfu"], eff["train_backward_factor"] = 1.0 / x, k
+    if unfused:
+        eff["train_attention_mfu"] = 1.0 / y
+    worst_f, worst_b = (max(map(abs, errors(x, y, k, parts=(i,)))) for i in (0, 1))
+    what = (f"{len(cases)} Megatron-core shapes ({', '.join(c[5] for c in cases)}), each with its run's software "
+            f"(unfused attention's s^2 matmuls and score traffic, unfused norms and elementwise kernels modelled apart, "
+            f"vime.sim.trainer.compute_seconds) and the host floors; max error forward {100 * worst_f:.1f} %, "
+            f"backward {100 * worst_b:.1f} %, {where}")
+    src = prof["sources"]
+    src["efficiency.train_mfu"] = f"fit with train_attention_mfu, minimax over the forwards: the linear layers' GEMM rate, {what}"
+    if unfused:
+        src["efficiency.train_attention_mfu"] = (
+            f"fit with train_mfu: unfused attention's batched score and value matmuls, {what}")
+    src["efficiency.train_backward_factor"] = f"fit, minimax over the backwards with the forward's rates, {what}"
 
 
 def vllm_decode_seconds(im, batch: int, prompt: int, new: int) -> float:
@@ -860,11 +966,14 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
             src["vmm.pinned_alloc_s_per_gib"] = (f"first vime CuMem pause of {big['kept_bytes'] / GIB:.0f} GiB: cuMemHostAlloc "
                                                  f"in 1 GiB chunks, {info['host_alloc_bytes'] / GIB:.0f} GiB in "
                                                  f"{info['host_alloc_seconds']:.1f} s (bench/cumem_pause.py), {where}")
+    _pool_pinned(raw, vm, src, where)
     # software first: the train fit runs the trainer model with it
     mg = [r.get("result") for r in raw.get("megatron", {}).get("runs", []) if (r.get("result") or {}).get("ok")]
-    mg = [m for m in mg if m.get("device") == "cuda" and not m.get("cumem") and m.get("preset") in MEGATRON_MODELS]
+    mg = [m for m in mg if m.get("device") == "cuda" and m.get("preset") in MEGATRON_MODELS]
     if mg:
-        sw, notes = _megatron_software(mg[0], env)
+        # The profile describes vime's actor: bf16 model (norm weights cast) when such a run exists.
+        first = next((m for m in mg if m.get("cast_bf16")), mg[0])
+        sw, notes = _megatron_software(first, env)
         prof.setdefault("software", {}).update(sw)
         src.update(notes)
     # The workload fits count bytes and FLOPs of the vime.sim Qwen3-4B model: only full-size runs qualify
@@ -880,7 +989,7 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
     if prof.get("bf16_flops") and pre.get("rows") and pre.get("shape", full) == full:
         _fit_prefill(prof, pre["rows"], where)
     if mg and prof.get("bf16_flops") and prof.get("hbm_bytes_per_s"):
-        _fit_train(prof, mg[0], where)
+        _fit_train(prof, mg, where)
     if vllm_raw:
         _fit_host(prof, vllm_raw, vllm_source or "the vLLM bench JSON (scripts/h200/vllm_bench.py --out)")
     else:
@@ -928,11 +1037,22 @@ def _rel(paths: str | None) -> str:
 
 
 def merge_raw(parts) -> dict:
-    """Raw files of several calibrate.py calls as one: later files win section by section."""
+    """Raw files of several calibrate.py calls as one: later files win section by section, except
+    that Megatron runs add up; a bare bench/megatron_step.py result (a run of its own) is one more run."""
     raw: dict = {"sections": {}}
+    runs: list[dict] = []
     for part in parts:
+        if "shapes" in part and "preset" in part:  # bench/megatron_step.py --out
+            runs.append({"result": part})
+            continue
+        if "thp" in part and "runs" in part:  # bench/pin_cost.py --out
+            raw.setdefault("pin_cost", []).append(part)
+            continue
+        runs.extend(part.get("megatron", {}).get("runs", []))
         raw.update({k: v for k, v in part.items() if k != "sections"})
         raw["sections"].update(part.get("sections", {}))
+    if runs:
+        raw["megatron"] = {**raw.get("megatron", {}), "runs": runs}
     return raw
 
 

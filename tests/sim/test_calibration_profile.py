@@ -19,6 +19,9 @@ from vime.sim.models import load_model
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
 RAW_PATH = DATA / "h200_calibration.json"
+#: The later leases' Megatron steps (bench/megatron_step.py results) the preset's train fit also read.
+MEGATRON_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
+                                     "h200_megatron_1.7b_accounting_cast_bf16.json")]
 VLLM_PATH = DATA / "h200_vllm_0.25.1.json"
 BASE_PATH = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G.json"
 PRESET = load_hardware("H200-141G-measured")
@@ -37,7 +40,9 @@ TOLERANCE = {
     "cuda_context_bytes": 1e-12,
     "efficiency.decode_bw_util": 1e-9, "efficiency.decode_weight_bw_util": 1e-9, "efficiency.prefill_mfu": 1e-9,
     "efficiency.eager_iteration_s": 1e-9, "efficiency.host_copy_util": 1e-12, "efficiency.allreduce_bw_util": 1e-12,
-    "efficiency.train_mfu": 0.005, "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,
+    "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
+    "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
+    "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,
     "vmm.create_map_s_per_gib": 1e-12, "vmm.unmap_release_s_per_gib": 1e-12, "vmm.pinned_alloc_s_per_gib": 1e-12,
     "vmm.pinned_free_s_per_gib": 0.001,
 }
@@ -63,7 +68,7 @@ BASE = json.loads(BASE_PATH.read_text())
 def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The profile the CLI writes from the committed raw JSON (what a user re-running the fit gets)."""
     out = tmp_path_factory.mktemp("profile") / "H200-141G-measured.json"
-    rc = CAL.main(["--from-raw", str(RAW_PATH), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
+    rc = CAL.main(["--from-raw", ",".join(map(str, [RAW_PATH, *MEGATRON_PATHS])), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
                    "--out", str(out)])
     assert rc == 0
     return out
@@ -107,7 +112,7 @@ def test_rebuilt_profile_loads_and_writes_every_field(rebuilt: Path):
 
 def test_rebuilt_profile_agrees_with_the_hand_fitted_preset(rebuilt: Path):
     spec = load_hardware(str(rebuilt))
-    assert spec.software == PRESET.software == Software("unfused", 2, "torch")
+    assert spec.software == PRESET.software == Software("unfused", 2, "torch", "torch", "unfused")
     ours, theirs = _numbers(spec), _numbers(PRESET)
     assert set(ours) == set(theirs) == set(TOLERANCE) | NOT_COMPARED
     off = {k: (ours[k], theirs[k]) for k, tol in TOLERANCE.items()
@@ -166,10 +171,16 @@ def test_without_vllm_json_the_host_step_comes_from_the_base_with_a_note():
 
 @pytest.mark.parametrize(("result", "packages", "expected"), [
     # the committed run: local spec, bf16 grads (16 B/param of state), torch AdamW
-    ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW"}, {}, Software("unfused", 2, "torch")),
+    # (an older run: no classes recorded, norm weights never cast → torch's composite norms)
+    ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW"}, {},
+     Software("unfused", 2, "torch", "torch_fp32_weight", "unfused")),
     # fp32 main grads: 18 B/param; apex / TE fused Adam
     ({"params": 1000, "state_bytes_after_init": 18000, "torch_optimizer": "FusedAdam"},
-     {"apex": "0.1"}, Software("unfused", 4, "fused")),
+     {"apex": "0.1"}, Software("unfused", 4, "fused", "torch_fp32_weight", "unfused")),
+    # the model cast to bf16 as vime's actor does: torch's RMSNorm takes its fused kernel
+    ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW", "cast_bf16": True,
+      "software": {"layer0_classes": {"input_layernorm": "torch.nn.modules.normalization.RMSNorm"}}}, {},
+     Software("unfused", 2, "torch", "torch", "unfused")),
     # a step that reports its stack explicitly wins over the inference
     ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW", "transformer_engine": True,
       "grad_dtype": "fp32"}, {"transformer_engine": "2.4"}, Software("flash", 4, "torch")),
@@ -226,7 +237,7 @@ def test_cli_merges_raw_files_of_several_calls(tmp_path: Path, rebuilt: Path):
     a.write_text(json.dumps(first))
     b.write_text(json.dumps(second))
     merged, prof = tmp_path / "merged.json", tmp_path / "p.json"
-    assert CAL.main(["--from-raw", f"{a},{b}", "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
+    assert CAL.main(["--from-raw", ",".join(map(str, [a, b, *MEGATRON_PATHS])), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
                      "--out", str(merged), "--profile", str(prof)]) == 0
     assert json.loads(merged.read_text())["sections"] == RAW["sections"]
     ours, want = load_hardware(str(prof)), load_hardware(str(rebuilt))

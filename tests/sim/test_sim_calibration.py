@@ -31,7 +31,9 @@ from vime.sim.trainer import (
     compute_seconds,
     grad_bytes,
     optimizer_step_bytes,
+    rope_bytes,
     score_bytes,
+    software_terms,
     streaming_bytes_per_s,
 )
 
@@ -70,7 +72,7 @@ def test_measured_preset_records_its_provenance_and_software():
     assert {"machine", "driver", "date", "command"} <= set(prov)
     assert prov["driver"] == CAL["env"]["driver"]
     assert "calibrate.py" in prov["command"] and "H200" in prov["machine"]
-    assert MEASURED.software == Software("unfused", 2, "torch")
+    assert MEASURED.software == Software("unfused", 2, "torch", "torch", "unfused")
     # measured rates, not datasheet ones
     assert MEASURED.hbm_bytes_per_s == pytest.approx(CAL["hbm"]["bytes_per_s"])
     # the round trip keeps the new sections
@@ -289,12 +291,18 @@ def test_engine_pins_host_memory_on_the_first_sleep_only(with_allocator):
     times = _sleep_cycles(e, 1, 3)
     first, later = times[0][0], [t for t, _ in times[1:]]
     assert later[0] == pytest.approx(later[1])
-    # level 1 offloads weights and the (vime-modelled) runtime and graph tags; only the first sleep pins them
-    offloaded = e.kv.weight_bytes + e.kv.activation_peak_bytes + e.kv.cuda_graph_bytes
-    assert first - later[0] == pytest.approx(offloaded / GiB * MEASURED.vmm.pinned_alloc_s_per_gib, rel=1e-9)
-    measured = VLLM["phases"]["sleep_l1"]
-    assert _err(first, measured[0]["sleep_s"]) < 0.15
-    assert _err(later[0], statistics.median(r["sleep_s"] for r in measured[1:])) < 0.15
+    # level 1 offloads weights and the (vime-modelled) runtime and graph tags; only the first sleep pins
+    # them, the weights in power-of-two blocks (PyTorch's caching host allocator)
+    scale = QWEN3_4B.vllm_pinned_scale(1)
+    assert 1.3 < scale < 1.4
+    offloaded = e.kv.weight_bytes * scale + e.kv.activation_peak_bytes + e.kv.cuda_graph_bytes
+    assert first - later[0] == pytest.approx(offloaded / GiB * MEASURED.vmm.pinned_alloc_s_per_gib, rel=1e-6)
+    # three runs: the first sleep 4.21 / 6.95 / 5.89 s (pinning varies between processes), later 0.26-0.27 s
+    runs = [VLLM] + [json.loads((DATA / f).read_text()) for f in ("h200_vllm_0.25.1_b1.json", "h200_vllm_0.25.1_b2.json")]
+    firsts = [r["phases"]["sleep_l1"][0]["sleep_s"] for r in runs]
+    assert _err(first, statistics.median(firsts)) < 0.20 and min(firsts) <= first <= max(firsts)
+    later_measured = [statistics.median(c["sleep_s"] for c in r["phases"]["sleep_l1"][1:]) for r in runs]
+    assert _err(later[0], statistics.median(later_measured)) < 0.10
 
 
 def test_engine_sleep_and_wake_pay_a_fixed_call_cost():
@@ -393,34 +401,99 @@ def test_megatron_local_spec_step_times(shape):
 
 def test_unfused_attention_computes_the_full_square_and_streams_the_scores():
     lengths = [2048] * 4
-    flash = dataclasses.replace(MEASURED, software=Software())
+    flash = dataclasses.replace(MEASURED, software=dataclasses.replace(MEASURED.software, train_attention="flash"))
     f_fwd, f_bwd = compute_seconds(QWEN3_17B, flash, lengths)
-    assert f_bwd == pytest.approx(2 * f_fwd)
     u_fwd, u_bwd = compute_seconds(QWEN3_17B, MEASURED, lengths)
-    full_minus_causal = sum(4.0 * QWEN3_17B.num_layers * QWEN3_17B.num_attention_heads * QWEN3_17B.head_dim
-                            * n * (n - 1) / 2 for n in lengths)
+    causal = sum(4.0 * QWEN3_17B.num_layers * QWEN3_17B.num_attention_heads * QWEN3_17B.head_dim
+                 * n * (n + 1) / 2 for n in lengths)
+    attn_rate = MEASURED.bf16_flops * MEASURED.efficiency.train_attention_mfu
+    # the full square at the attention matmuls' own rate replaces the causal half at the GEMM rate
+    matmul = QWEN3_17B.unfused_attention_flops(lengths) / attn_rate - causal / MEASURED.train_flops
     stream = QWEN3_17B.score_elements(lengths) / streaming_bytes_per_s(MEASURED)
-    assert u_fwd - f_fwd == pytest.approx(full_minus_causal / MEASURED.train_flops + 33 * stream, rel=1e-9)
-    assert u_bwd - f_bwd == pytest.approx(2 * full_minus_causal / MEASURED.train_flops + 41 * stream, rel=1e-9)
+    k = MEASURED.efficiency.train_backward_factor
+    assert u_fwd - f_fwd == pytest.approx(matmul + 33 * stream, rel=1e-9)
+    assert u_bwd - f_bwd == pytest.approx(k * matmul + 41 * stream, rel=1e-9)
+    # the default stack: backward twice the forward, no floor, no unfused kernels
+    prod = dataclasses.replace(MEASURED, software=Software(),
+                               efficiency=dataclasses.replace(MEASURED.efficiency, train_backward_factor=2.0,
+                                                              train_host_fwd_s_per_layer=0.0,
+                                                              train_host_bwd_s_per_layer=0.0))
+    p_fwd, p_bwd = compute_seconds(QWEN3_17B, prod, lengths)
+    assert p_bwd == pytest.approx(2 * p_fwd)
+
+
+def test_trainer_never_runs_ahead_of_its_cpu_launches():
+    """Qwen3-0.6B 1x1024 on the H200: 12 ms of GPU work took 65.6 ms forward (the profile's floor)."""
+    eff = MEASURED.efficiency
+    fwd, bwd = compute_seconds(load_model("Qwen3-0.6B"), MEASURED, [1024])
+    assert (fwd, bwd) == (eff.train_host_fwd_s_per_layer * 28, eff.train_host_bwd_s_per_layer * 28)
+    big_fwd, _ = compute_seconds(QWEN3_17B, MEASURED, [2048] * 4)
+    assert big_fwd > 2 * eff.train_host_fwd_s_per_layer * 28  # large micro-batches are GPU-bound
+
+
+def test_unfused_norms_cost_their_measured_traffic():
+    """fp32 norm weights (composite norms) against a bf16 cast: the forward difference of the H200 runs."""
+    cast = dataclasses.replace(MEASURED, software=dataclasses.replace(MEASURED.software, train_norm="torch"))
+    fp32 = dataclasses.replace(MEASURED, software=dataclasses.replace(MEASURED.software, train_norm="torch_fp32_weight"))
+    runs = {json.loads((DATA / f).read_text()).get("cast_bf16", False): json.loads((DATA / f).read_text())
+            for f in ("h200_megatron_1.7b_accounting.json", "h200_megatron_1.7b_accounting_cast_bf16.json")}
+    for shape in runs[True]["shapes"]:
+        lengths = [shape["seq"]] * shape["mbs"]
+        other = next(e for e in runs[False]["shapes"] if (e["mbs"], e["seq"]) == (shape["mbs"], shape["seq"]))
+        measured = other["fwd_s_median"] - shape["fwd_s_median"]
+        pred = compute_seconds(QWEN3_17B, fp32, lengths)[0] - compute_seconds(QWEN3_17B, cast, lengths)[0]
+        assert _err(pred, measured) < 0.10, (shape["mbs"], shape["seq"], pred, measured)
+
+
+ACCOUNTING = {f: json.loads((DATA / f).read_text())
+              for f in ("h200_megatron_1.7b_accounting.json", "h200_megatron_1.7b_accounting_cast_bf16.json")}
+
+
+def _run_hw(res: dict) -> HardwareSpec:
+    norm = "torch" if res.get("cast_bf16") else "torch_fp32_weight"
+    return dataclasses.replace(MEASURED, software=dataclasses.replace(MEASURED.software, train_norm=norm))
+
+
+@pytest.mark.parametrize(("name", "i"), [(f, i) for f, r in ACCOUNTING.items() for i in range(len(r["shapes"]))])
+def test_megatron_activation_model_matches_the_saved_tensors(name, i):
+    """Per layer and token, what the model says a block keeps equals what autograd saved on the H200
+    (bench/megatron_step.py --account: storages saved for backward, counted once), and the peak is
+    the state plus all of it plus the bf16 logits alive at the end of the forward (within 1 %)."""
+    res = ACCOUNTING[name]
+    shape = res["shapes"][i]
+    hw = _run_hw(res)
+    lengths = [shape["seq"]] * shape["mbs"]
+    tokens = sum(lengths)
+    terms = software_terms(hw)
+    per_layer = QWEN3_17B.activation_bytes_per_layer_token(1, sequence_parallel=False, **terms)
+    seq = (score_bytes(QWEN3_17B, hw, lengths) + rope_bytes(QWEN3_17B, hw, lengths)) / QWEN3_17B.num_layers / tokens
+    assert per_layer + seq == pytest.approx(shape["accounting"]["saved"]["per_layer_bytes_per_token"][0], rel=1e-9)
+    act = QWEN3_17B.activation_bytes_per_token(1, 1, "none", sequence_parallel=False, **terms) * tokens
+    state = QWEN3_17B.num_params() * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES)
+    assert _err(state + act + score_bytes(QWEN3_17B, hw, lengths) + rope_bytes(QWEN3_17B, hw, lengths),
+                shape["peak_allocated_bytes"]) < 0.01
 
 
 @pytest.mark.parametrize("shape", MEGATRON["shapes"], ids=lambda e: f"{e['mbs']}x{e['seq']}")
 def test_megatron_local_spec_peak_memory(shape):
-    """Scores (6 B each: fp32 softmax output + bf16 probs) and 2-byte grads: within 20 % of the peak, from -55 %."""
+    """The first lease's runs (norm weights fp32): the peak within 1 %, from -55 % with the flash model."""
     lengths = [shape["seq"]] * shape["mbs"]
+    hw = _run_hw(MEGATRON)
     params = QWEN3_17B.num_params()
-    act = QWEN3_17B.activation_bytes_per_token(1, 1, "none", sequence_parallel=False) * sum(lengths)
-    pred = params * (PARAM_BYTES + grad_bytes(MEASURED) + OPTIMIZER_BYTES) + act + score_bytes(QWEN3_17B, MEASURED, lengths)
-    assert _err(pred, shape["peak_allocated_bytes"]) < 0.20
+    act = QWEN3_17B.activation_bytes_per_token(1, 1, "none", sequence_parallel=False, **software_terms(hw)) * sum(lengths)
+    pred = (params * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES) + act + score_bytes(QWEN3_17B, hw, lengths)
+            + rope_bytes(QWEN3_17B, hw, lengths))
+    assert _err(pred, shape["peak_allocated_bytes"]) < 0.01
     expanded = 3 * 2 * QWEN3_17B.num_attention_heads * QWEN3_17B.head_dim * QWEN3_17B.num_layers * sum(lengths)
-    assert score_bytes(QWEN3_17B, MEASURED, lengths) == 6 * QWEN3_17B.score_elements(lengths) + expanded
+    mask = QWEN3_17B.num_layers * max(lengths) ** 2
+    assert score_bytes(QWEN3_17B, hw, lengths) == 6 * QWEN3_17B.score_elements(lengths) + expanded + mask
     # state after init was measured too: 16 B/param with 2-byte grads
-    assert params * (PARAM_BYTES + grad_bytes(MEASURED) + OPTIMIZER_BYTES) == pytest.approx(
+    assert params * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES) == pytest.approx(
         MEGATRON["state_bytes_after_init"], rel=0.01)
     # recompute: selective drops the scores, full keeps one layer's
-    assert score_bytes(QWEN3_17B, MEASURED, lengths, recompute="selective") == expanded / 3  # the query only
-    assert score_bytes(QWEN3_17B, MEASURED, lengths, recompute="full") == pytest.approx(
-        score_bytes(QWEN3_17B, MEASURED, lengths) / QWEN3_17B.num_layers)
+    assert score_bytes(QWEN3_17B, hw, lengths, recompute="selective") == expanded / 3  # the query only
+    assert score_bytes(QWEN3_17B, hw, lengths, recompute="full") == pytest.approx(
+        score_bytes(QWEN3_17B, hw, lengths) / QWEN3_17B.num_layers)
 
 
 def test_sim_trainer_uses_the_profiles_software():
@@ -438,7 +511,11 @@ def test_sim_trainer_uses_the_profiles_software():
     assert pu["grads"] * 2 == pf["grads"]
     lay = tu.layout
     extra = score_bytes(QWEN3_4B, tu.hw, [1024, 1024], lay.tp, lay.pp)
-    assert extra > 0 and pu["activations"] - pf["activations"] == pytest.approx(extra * lay.pp / lay.cp, abs=2)
+    per_token = {name: QWEN3_4B.activation_bytes_per_token(lay.tp, lay.pp, sequence_parallel=lay.tp > 1,
+                                                           **software_terms(tr.hw))
+                 for name, (tr, _, _) in plans.items()}
+    body = (per_token["unfused"] - per_token["flash"]) * 2048
+    assert extra > 0 and pu["activations"] - pf["activations"] == pytest.approx((extra + body) * lay.pp / lay.cp, abs=2)
     assert ou > of
 
 
@@ -474,7 +551,13 @@ def test_cold_resume_pays_freeing_the_pinned_buffer():
     cold, persistent = resume("cold"), resume("persistent")
     assert cold - persistent == pytest.approx(kept / GiB * MEASURED.vmm.pinned_free_s_per_gib, rel=1e-9)
     measured = statistics.median(c["resume_s"] for c in res["cycles"])
-    assert _err(cold, measured) < 0.15
+    assert _err(cold, measured) < 0.20
+    # freeing pinned memory measured 0.083-0.172 s/GiB across processes (bench/pin_cost.py): the
+    # measured resume lies inside what that range of rates predicts
+    probe = json.loads((DATA / "h200_pin_cost.json").read_text())
+    frees = [rep["free_s_per_gib"] for run in probe["runs"] if run.get("method") in ("cu_1g", "cu_256m", "torch_pin")
+             for rep in run["reps"]]
+    assert persistent + kept / GiB * min(frees) <= measured <= persistent + kept / GiB * max(frees)
     assert _err(persistent, measured) > 0.5  # without the free the model was 83 % short
 
 
@@ -485,9 +568,16 @@ def test_cold_resume_pays_freeing_the_pinned_buffer():
 
 def test_comparison_counts_improve_and_stay():
     mod = _compare_module()
-    rows = mod.rows_for(MEASURED, CAL, VLLM)
+    runs = [json.loads((DATA / f).read_text()) for f in mod.VLLM_FILES]
+    rows = mod.rows_for(MEASURED, mod.load_raw(str(DATA / "h200_calibration.json")), runs)
     judged = [r for r in rows if r["group"] != "hardware"]
     within = [r for r in judged if abs(r["error_pct"]) <= 10]
-    assert len(judged) == 80
-    assert len(within) >= 68
+    spread = [r for r in judged if abs(r["error_pct"]) > 10 and r["within_spread"]]
+    assert len(judged) == 115
+    assert len(within) >= 94
+    # the rest: inside the range of the repeated measurements, except 6 (Megatron backward 10-12 %,
+    # the 0.6B optimizer step, the first 56 GiB CuMem resume)
+    assert len(within) + len(spread) >= 109
     assert all(math.isfinite(r["predicted"]) for r in rows)
+    # every vLLM row counts every run that measured it
+    assert {r["n"] for r in rows if r["group"].startswith("vLLM 0.25.1")} <= {3, 4}

@@ -111,15 +111,27 @@ def test_activation_bytes_follow_the_documented_formula():
     m = load_model("Qwen3-4B")
     b, h, hd, f = 2, 2560, 128, 9728
     tp = 2
-    per_layer = 4 * b * h / tp + b * (16 + 2 * 4) * hd + b * 16 * hd + 4 * 16 + 3 * b * f / tp
+    heads, kv = 32 // tp, 8 // tp
+    norms = 2 * (b * h + 4 + b * h) / tp  # two fused block norms (input + rstd) and their outputs, SP-split
+    qk = (b * heads * hd + 4 * heads) + (b * kv * hd + 4 * kv)  # q/k norms (fused), per head row
+    per_layer = norms + qk + b * (heads + 2 * kv) * hd + b * heads * hd + 4 * heads + 3 * b * f / tp
     assert m.activation_bytes_per_layer_token(tp) == pytest.approx(per_layer)
     logits = (2 + 4) * 151936 / tp
-    assert m.activation_bytes_per_token(tp) == pytest.approx(36 * per_layer + logits)
+    final = (b * h + 4 + b * h) / tp
+    assert m.activation_bytes_per_token(tp) == pytest.approx(36 * per_layer + final + logits)
     full = m.activation_bytes_per_token(tp, recompute="full")
-    assert full == pytest.approx(36 * b * h / tp + per_layer + logits)
+    assert full == pytest.approx(36 * b * h / tp + per_layer + final + logits)
     assert full < m.activation_bytes_per_token(tp) == m.activation_bytes_per_token(tp, recompute="selective")
     with pytest.raises(ConfigError):
         m.activation_bytes_per_token(tp, recompute="some")  # type: ignore[arg-type]
+    # Megatron's local spec: composite norms keep 8 B per element, unfused attention keeps only its
+    # output here (scores and expansions are the trainer's score_bytes), unfused SwiGLU 5·b·F
+    local = m.activation_bytes_per_layer_token(tp, attention="unfused", norm="torch_fp32_weight", elementwise="unfused")
+    assert local == pytest.approx(2 * (8 * h + 4 + b * h) / tp + (8 * heads * hd + 4 * heads) + (8 * kv * hd + 4 * kv)
+                                  + b * heads * hd + 5 * b * f / tp)
+    # with bf16 weights torch's norm is fused, except the key norm's strided input
+    cast = m.activation_bytes_per_layer_token(tp, attention="unfused", norm="torch", elementwise="unfused")
+    assert local - cast == pytest.approx(2 * (8 - b) * h / tp + (8 - b) * heads * hd)
 
 
 def test_hf_config_path_and_directory(tmp_path):

@@ -163,6 +163,12 @@ class EngineSettings:
     #: 34.0 ms on cycle 0 against a median of 12.1 / 17.3 / 15.4 ms on the later cycles → 19.2 /
     #: 19.3 / 18.6 ms extra; median 19.2 ms.
     first_update_s: float = 0.0192
+    #: Engine-side cost of opening and of closing a weight-update session beyond the HTTP round
+    #: trip (a collective RPC to the workers each): the later cycles' start_update_s medians were
+    #: 12.1 / 17.3 / 15.4 ms and finish_update_s 7.8 / 12.4 / 9.3 ms over the three H200 runs
+    #: (median 15.4 and 9.3 ms) → 13.4 and 7.3 ms on top of http_rtt_s.
+    start_update_call_s: float = 0.0134
+    finish_update_call_s: float = 0.0073
     #: Per tensor in a bucket: vLLM's load_weights Python dispatch; estimate.
     load_per_tensor_s: float = 20e-6
     #: Bytes/s a TP rank reads weights from the trainer's buffer and writes its shard: None =
@@ -189,7 +195,7 @@ class EngineSettings:
             raise ConfigError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ConfigError(f"block size must be ≥ 1, got {self.block_size}")
-        for name in ("request_overhead_s", "first_update_s"):
+        for name in ("request_overhead_s", "first_update_s", "start_update_call_s", "finish_update_call_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")
@@ -554,6 +560,9 @@ class SimEngine:
         self.kv = plan_kv_cache(hardware, model, settings)
         self.cost = IterationModel.build(hardware, model, settings)
         self._weight_tensors = len(model.hf_weight_shapes())  # allocations vLLM's backup loop walks
+        self._pinned_scale = model.vllm_pinned_scale(settings.tp)  # power-of-two host blocks per weight byte
+        if allocator is not None:  # the allocator pins the weights' backup in the same blocks
+            allocator.pinned_scale.setdefault(TAG_WEIGHTS, self._pinned_scale)
         self.stats = EngineStats(kv_blocks_total=self.kv.num_blocks)
         self.events: list[tuple[Any, ...]] | None = [] if record_events else None
         self.eos_token_id = int(getattr(model, "eos_token_id", 151645) or 151645)
@@ -1225,10 +1234,12 @@ class SimEngine:
         # parallel): vLLM's CPU backup comes from PyTorch's caching host allocator, which keeps the
         # pinned blocks after wake, so only the first sleep (or a larger tag) pays the pinning —
         # measured on the H200: level-1 sleep 4.21 s the first time, 0.26 s after (issue 10).
+        # The host blocks are rounded up to powers of two per tensor (ModelSpec.vllm_pinned_scale).
         grow = 0
         for t in offload:
-            grow += max(0, sizes[t] - self._host_pinned.get(t, 0))
-            self._host_pinned[t] = max(sizes[t], self._host_pinned.get(t, 0))
+            need = math.ceil(sizes[t] * (self._pinned_scale if t == TAG_WEIGHTS else 1.0))
+            grow += max(0, need - self._host_pinned.get(t, 0))
+            self._host_pinned[t] = max(need, self._host_pinned.get(t, 0))
         seconds = (grow / GiB * hw.vmm.pinned_alloc_s_per_gib + copy / hw.d2h_bytes_per_s
                    + unmap / GiB * hw.vmm.unmap_release_s_per_gib)
         for t in offload:
@@ -1255,7 +1266,7 @@ class SimEngine:
         self._alive("start_weight_update")
         self.lifecycle.check_start_update()
         first = 0.0 if self._updated_once else self.settings.first_update_s
-        await self._pause_for(self.settings.http_rtt_s + first)
+        await self._pause_for(self.settings.http_rtt_s + self.settings.start_update_call_s + first)
         self._updated_once = True
         self.lifecycle.on_start_update()
         self._report("start_weight_update", t0)
@@ -1292,7 +1303,7 @@ class SimEngine:
         t0 = float(self.env.now)
         self._alive("finish_weight_update")
         self.lifecycle.check_finish_update(version)
-        await self._pause_for(self.settings.http_rtt_s)
+        await self._pause_for(self.settings.http_rtt_s + self.settings.finish_update_call_s)
         self.lifecycle.on_finish_update(version)
         self._log("weight_version", version)
         self._report("finish_weight_update", t0)

@@ -24,6 +24,10 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
         "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
         "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
+        "train_attention_mfu": 0.0,               # unfused attention matmuls' fraction of peak (optional, 0 = train_mfu)
+        "train_backward_factor": 2.0,             # backward / forward matmul time (optional, 2)
+        "train_host_fwd_s_per_layer": 0.0,        # trainer CPU floor per layer, forward (optional, 0)
+        "train_host_bwd_s_per_layer": 0.0,        # ... and backward (optional, 0)
         "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / link peak (NVLink or network)
         "host_copy_util": 0.80                    # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
       },
@@ -36,7 +40,9 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
       "software": {                               # the training stack the profile describes (optional)
         "train_attention": "flash",               # "flash" (fused, causal) or "unfused" (s^2 scores kept)
         "train_grad_bytes": 4,                    # main-grad bytes per parameter: 4 (fp32) or 2 (bf16)
-        "train_optimizer": "fused"                # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
+        "train_optimizer": "fused",               # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
+        "train_norm": "fused",                    # what RMSNorm keeps: "fused", "torch" or "torch_fp32_weight"
+        "train_elementwise": "fused"              # SwiGLU and RoPE kernels: "fused" or "unfused"
       },
       "sources": {"bf16_flops": "where the number comes from", ...},  # one note per value
       "provenance": {"machine": "...", "driver": "...", "date": "...", "command": "..."}  # measured profiles
@@ -71,6 +77,14 @@ class Efficiency:
     """Achieved fraction of the peaks (calibration fits these); see the module docstring for each field."""
 
     train_mfu: float = 0.40
+    #: Achieved fraction of bf16 peak of unfused attention's batched score and value matmuls
+    #: (baddbmm / bmm with head_dim-deep products, far less efficient than the linear layers' GEMMs:
+    #: H200, Megatron-core local spec, 12 shapes from 1×4096 to 8×1024 cannot share one rate).
+    #: 0 = train_mfu. Flash attention's FLOPs run at train_mfu.
+    train_attention_mfu: float = 0.0
+    #: Backward matmul time over forward matmul time (dgrad + wgrad are 2× the forward's FLOPs; the
+    #: measured ratio also carries their kernels' efficiency relative to the forward's).
+    train_backward_factor: float = 2.0
     prefill_mfu: float = 0.55
     decode_bw_util: float = 0.75
     #: Weights streamed by a decode step, as a fraction of HBM: a whole step of GEMVs with the
@@ -90,6 +104,13 @@ class Efficiency:
     #: roofline). The estimate presets keep 0 (GPU-bound engines).
     host_step_s: float = 0.0
     host_step_per_seq_s: float = 0.0
+    #: The trainer's CPU work per layer of one micro-batch (Python, autograd and kernel launches of
+    #: an eager Megatron stack): forward and backward take at least this × layers, since the GPU
+    #: cannot run ahead of the launches. It shows on small micro-batches of the local spec's many
+    #: small kernels (H200, Megatron-core 0.19.2: Qwen3-0.6B 1×1024 forward 65.6 ms against 12 ms of
+    #: GPU work; Qwen3-1.7B 1×2048 67.6 ms). The estimate presets keep 0 (GPU-bound training).
+    train_host_fwd_s_per_layer: float = 0.0
+    train_host_bwd_s_per_layer: float = 0.0
     allreduce_bw_util: float = 0.70
     host_copy_util: float = 1.0
 
@@ -110,16 +131,31 @@ class VmmCosts:
 TRAIN_ATTENTION = ("flash", "unfused")
 #: Optimizer implementations: "fused" (TE / apex FusedAdam, one pass) or "torch" (torch.optim.AdamW).
 TRAIN_OPTIMIZERS = ("fused", "torch")
+#: Norm implementations, by what one RMSNorm keeps for its backward (measured with saved-tensor
+#: hooks on the H200, megatron-core 0.19.2, bench/data/h200_megatron_1.7b_accounting*.json):
+#: "fused" (TE / apex, or torch's fused kernel): the bf16 input and an fp32 rstd per row;
+#: "torch": torch.nn.RMSNorm with bf16 weights (Megatron's local spec, model cast to bf16):
+#: fused for contiguous inputs, but Megatron hands the key norm a strided view of the QKV output,
+#: which takes torch's composite path (an fp32 copy of the input and the fp32 normalised values);
+#: "torch_fp32_weight": the local spec with its norm weights left fp32 (no cast): every norm
+#: takes the composite path ("Mismatch dtype between input and weight ... Cannot dispatch to fused").
+TRAIN_NORMS = ("fused", "torch", "torch_fp32_weight")
+#: Elementwise kernels around the matmuls: "fused" (bias_activation_fusion, apply_rope_fusion)
+#: or "unfused" (the local spec: SwiGLU keeps its silu output and a copy of the gate, RoPE keeps
+#: its cos/sin tables per layer).
+TRAIN_ELEMENTWISE = ("fused", "unfused")
 
 
 @dataclass(frozen=True)
 class Software:
     """The training software the profile describes; the defaults are a production Megatron stack
-    (TransformerEngine flash attention, fp32 main grads, fused Adam)."""
+    (TransformerEngine flash attention and fused norms and elementwise kernels, fp32 main grads, fused Adam)."""
 
     train_attention: str = "flash"
     train_grad_bytes: int = 4
     train_optimizer: str = "fused"
+    train_norm: str = "fused"
+    train_elementwise: str = "fused"
 
     def __post_init__(self) -> None:
         if self.train_attention not in TRAIN_ATTENTION:
@@ -128,6 +164,11 @@ class Software:
             raise ConfigError(f"software.train_grad_bytes must be 2 (bf16) or 4 (fp32), got {self.train_grad_bytes!r}")
         if self.train_optimizer not in TRAIN_OPTIMIZERS:
             raise ConfigError(f"software.train_optimizer must be one of {TRAIN_OPTIMIZERS}, got {self.train_optimizer!r}")
+        if self.train_norm not in TRAIN_NORMS:
+            raise ConfigError(f"software.train_norm must be one of {TRAIN_NORMS}, got {self.train_norm!r}")
+        if self.train_elementwise not in TRAIN_ELEMENTWISE:
+            raise ConfigError(f"software.train_elementwise must be one of {TRAIN_ELEMENTWISE}, "
+                              f"got {self.train_elementwise!r}")
 
 
 @dataclass(frozen=True)
@@ -305,7 +346,9 @@ class HardwareSpec:
             cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
             internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
             efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s",
-                                                         "decode_weight_bw_util", "eager_iteration_s"})),
+                                                         "decode_weight_bw_util", "eager_iteration_s",
+                                                         "train_host_fwd_s_per_layer", "train_attention_mfu",
+                                                         "train_host_bwd_s_per_layer"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,
             sources=tuple(sorted(sources.items())),

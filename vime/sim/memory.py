@@ -20,6 +20,7 @@ Deterministic: no wall clock, no hashing of unordered sets into output; dicts ke
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -418,6 +419,7 @@ class SimAllocator:
     def __init__(self, owner: str, gpus: Sequence[SimGPU], hardware: HardwareSpec, *,
                  host: SimHost | None = None, known_tags: Collection[str],
                  non_deferrable: Collection[str] = (), pinned: PinnedMode = "persistent",
+                 pinned_scale: Mapping[str, float] | None = None,
                  recorder: SimRecorder | None = None, env: simpy.Environment | None = None) -> None:
         if not gpus:
             raise ValueError(f"allocator {owner}: needs at least one GPU")
@@ -431,6 +433,11 @@ class SimAllocator:
         self.hardware = hardware
         self.host = host
         self.pinned: PinnedMode = pinned
+        # Host bytes pinned per device byte of a tag (vLLM's backup rounds blocks up to powers of two).
+        self.pinned_scale = dict(pinned_scale or {})
+        bad_scale = {t: v for t, v in self.pinned_scale.items() if not (isinstance(v, int | float) and v >= 1.0)}
+        if bad_scale:
+            raise ValueError(f"allocator {owner}: pinned_scale must be >= 1 per tag, got {bad_scale}")
         self.non_deferrable = frozenset(non_deferrable)
         self.recorder = recorder if recorder is not None else self.gpus[0].recorder
         self._env = _resolve_env(env, self.gpus)
@@ -542,7 +549,7 @@ class SimAllocator:
             unmap = copy + sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in discard)
             alloc = 0
             for t in offload:
-                need = self._sizes.get(t, [0] * len(self.gpus))[i]
+                need = math.ceil(self._sizes.get(t, [0] * len(self.gpus))[i] * self.pinned_scale.get(t, 1.0))
                 have = self._pinned.get(t, [0] * len(self.gpus))[i] if self.pinned == "persistent" else 0
                 grow = max(0, need - have)
                 new_pinned.setdefault(t, [0] * len(self.gpus))[i] = grow
@@ -564,7 +571,8 @@ class SimAllocator:
                        if self.lifecycle.state(t) is TagState.OFFLOADED)
             # A cold buffer (torch_memory_saver) is freed once copied back: cuMemFreeHost is part of
             # the resume (measured 0.088 s/GiB on the H200, about half of its 8.2 s resume of 49 GiB).
-            free = copy if self.pinned == "cold" else 0
+            free = (sum(self._sizes.get(t, [0] * len(self.gpus))[i] * self.pinned_scale.get(t, 1.0) for t in tags
+                        if self.lifecycle.state(t) is TagState.OFFLOADED) if self.pinned == "cold" else 0)
             times.append(mapped / GiB * hw.vmm.create_map_s_per_gib + copy / hw.h2d_bytes_per_s
                          + free / GiB * hw.vmm.pinned_free_s_per_gib)
         return times

@@ -193,54 +193,118 @@ class ModelSpec:
         """
         return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * self.dtype_bytes
 
-    def activation_bytes_per_layer_token(self, tp: int = 1, *, sequence_parallel: bool = True) -> float:
+    def norm_kept_bytes(self, n: int, rows: int, *, fused: bool) -> float:
+        """What one RMSNorm over `n` elements in `rows` rows keeps for its backward, per token.
+
+        Fused kernels (TransformerEngine, apex, torch's fused rms_norm) keep the bf16 input and an
+        fp32 rstd per row; torch's composite path keeps an fp32 copy of the input and the fp32
+        normalised values (8 bytes per element) and the rstd (measured per module with saved-tensor
+        hooks on the H200, megatron-core 0.19.2, bench/data/h200_megatron_1.7b_accounting*.json).
+        """
+        return (self.dtype_bytes * n if fused else 8.0 * n) + 4.0 * rows
+
+    def activation_bytes_per_layer_token(self, tp: int = 1, *, sequence_parallel: bool = True,
+                                         attention: str = "flash", norm: str = "fused",
+                                         elementwise: str = "fused") -> float:
         """Bytes one transformer block keeps per token for the backward pass (no recompute).
 
         Adapted from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
         Transformer Models" (sbh·(34 + 5as/h) per layer for GPT with dropout), to what
-        Megatron-core keeps for this architecture with flash attention (no s² score matrix),
-        SwiGLU, GQA and dropout 0 (RL settings), with b = dtype_bytes:
+        Megatron-core keeps for this architecture (SwiGLU, GQA, optional q/k norm, dropout 0 as in
+        RL), with b = dtype_bytes; the software terms (`vime.sim.hardware.Software`) were checked
+        tensor by tensor on the H200 (bench/megatron_step.py --account):
 
-        - attention: norm input b·h, norm output b·h, q/k/v b·(heads + 2·kv_heads)·hd,
-          attention output b·heads·hd, softmax log-sum-exp 4·heads (fp32);
-        - MLP: norm input b·h, norm output b·h, gate and up outputs 2·b·F, SwiGLU output b·F.
+        - each of the two block norms: what the norm keeps (`norm_kept_bytes`) and its bf16 output,
+          which the following linear keeps as its input;
+        - q/k norm (Qwen3): what each keeps, per head row; with ``norm="torch"`` the key norm takes
+          torch's composite path (Megatron hands it a strided view of the QKV output);
+        - attention: ``flash`` keeps q, k, v b·(heads + 2·kv_heads)·hd, its output b·heads·hd and
+          an fp32 log-sum-exp per head; ``unfused`` keeps only the output here (the s² scores and
+          the K/V expanded to every head are `vime.sim.trainer.score_bytes`);
+        - MLP: gate and up outputs 2·b·F and the down projection's input b·F; unfused elementwise
+          kernels add the silu output and the copy Megatron's GLU makes of the gate (2·b·F more).
 
-        Everything is split over TP; the four b·h terms only with sequence parallelism.
+        Everything is split over TP; the block-norm terms only with sequence parallelism.
         """
         b, h, hd = self.dtype_bytes, self.hidden_size, self.head_dim
         heads, kv = self.num_attention_heads // tp, self.kv_heads_per_rank(tp)
         ffn = self.ffn_hidden_size // tp
-        norm_terms = 4 * b * h / (tp if sequence_parallel else 1)
-        attn = b * (heads + 2 * kv) * hd + b * heads * hd + 4 * heads
-        mlp = (3 if self.gated_mlp else 2) * b * ffn
-        return norm_terms + attn + mlp
+        block_fused = norm != "torch_fp32_weight"
+        norms = 2 * (self.norm_kept_bytes(h, 1, fused=block_fused) + b * h) / (tp if sequence_parallel else 1)
+        qk = 0.0
+        if self.qk_norm:
+            qk = (self.norm_kept_bytes(heads * hd, heads, fused=block_fused)
+                  + self.norm_kept_bytes(kv * hd, kv, fused=norm == "fused"))
+        if attention == "unfused":
+            attn = b * heads * hd
+        else:
+            attn = b * (heads + 2 * kv) * hd + b * heads * hd + 4 * heads
+        if self.gated_mlp:
+            mlp = (5 if elementwise == "unfused" else 3) * b * ffn
+        else:
+            mlp = 2 * b * ffn
+        return norms + qk + attn + mlp
+
+    def final_bytes_per_token(self, tp: int = 1, *, sequence_parallel: bool = True, norm: str = "fused") -> float:
+        """The final norm and the output layer's input, per token (outside the blocks)."""
+        kept = self.norm_kept_bytes(self.hidden_size, 1, fused=norm != "torch_fp32_weight") \
+            + self.dtype_bytes * self.hidden_size
+        return kept / (tp if sequence_parallel else 1)
 
     def logits_bytes_per_token(self, tp: int = 1) -> float:
         """Output-layer activations per token: bf16 logits + the fp32 copy the vocab-parallel log-softmax keeps."""
         return (self.dtype_bytes + 4) * self.vocab_size / tp
 
     def activation_bytes_per_token(self, tp: int = 1, pp: int = 1, recompute: Recompute = "none",
-                                   *, sequence_parallel: bool = True) -> float:
+                                   *, sequence_parallel: bool = True, attention: str = "flash",
+                                   norm: str = "fused", elementwise: str = "fused") -> float:
         """Training activation bytes per token on the busiest rank of a TP×PP layout.
 
         ``none``/``selective``: every block keeps `activation_bytes_per_layer_token` (Megatron's
-        selective recompute only drops the attention score matrix, which flash attention never
-        stores). ``full``: each block keeps its input (b·h / TP with sequence parallelism) and one
-        block's activations exist at a time during its recompute. The output layer's logits are
-        added once (conservatively on the same stage).
+        selective recompute only drops the core attention, whose s² part `score_bytes` counts).
+        ``full``: each block keeps its input (b·h / TP with sequence parallelism) and one block's
+        activations exist at a time during its recompute. The final norm, the output layer's input
+        and its logits are added once (conservatively on the same stage).
         """
         if recompute not in ("none", "selective", "full"):
             raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
         layers = self.layers_per_stage(pp)
-        per_layer = self.activation_bytes_per_layer_token(tp, sequence_parallel=sequence_parallel)
+        per_layer = self.activation_bytes_per_layer_token(tp, sequence_parallel=sequence_parallel,
+                                                          attention=attention, norm=norm, elementwise=elementwise)
         if recompute == "full":
             keep = self.dtype_bytes * self.hidden_size / (tp if sequence_parallel else 1)
             body = layers * keep + per_layer
         else:
             body = layers * per_layer
-        return body + self.logits_bytes_per_token(tp)
+        final = self.final_bytes_per_token(tp, sequence_parallel=sequence_parallel, norm=norm)
+        return body + final + self.logits_bytes_per_token(tp)
 
     # --- weight export ----------------------------------------------------------------------------
+    def vllm_weight_allocations(self, tp: int = 1) -> list[int]:
+        """Bytes of each weight tensor one vLLM TP rank allocates, in vLLM's fused layout (QKV and
+        gate/up as one parameter each, vocabulary split over TP): one CuMem allocation each, which is
+        what its sleep backs up tensor by tensor."""
+        b, h, hd, f = self.dtype_bytes, self.hidden_size, self.head_dim, self.ffn_hidden_size // tp
+        q, kv = self.num_attention_heads // tp * hd, self.kv_heads_per_rank(tp) * hd
+        vocab = -(-self.vocab_size // tp)
+        layer = [b * h, b * (q + 2 * kv) * h, b * h * q, b * h, (2 if self.gated_mlp else 1) * b * f * h, b * h * f]
+        if self.qkv_bias:
+            layer.append(b * (q + 2 * kv))
+        if self.qk_norm:
+            layer += [b * hd, b * hd]
+        out = [b * vocab * h] + layer * self.num_layers + [b * h]
+        if not self.tie_embeddings:
+            out.append(b * vocab * h)
+        return out
+
+    def vllm_pinned_scale(self, tp: int = 1) -> float:
+        """Pinned host bytes per weight byte of vLLM's sleep backup: each backup is a
+        `torch.empty(pin_memory=True)` from PyTorch's caching host allocator, which rounds every
+        block up to a power of two (Qwen3-4B: 1.34; the H200's first level-1 sleep pinned at
+        0.56-0.89 s per GiB of weights against 0.34-0.72 s/GiB for exact-size pinning)."""
+        sizes = self.vllm_weight_allocations(tp)
+        return sum(1 << max(0, (n - 1).bit_length()) for n in sizes) / sum(sizes)
+
     def hf_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Full (TP-gathered) tensors under their Hugging Face names, in checkpoint order.
 

@@ -95,36 +95,95 @@ def streaming_bytes_per_s(hw: HardwareSpec) -> float:
     return hw.hbm_bytes_per_s * hw.efficiency.decode_bw_util
 
 
+#: Extra HBM bytes per element of torch's composite RMSNorm over a fused one (the local spec's
+#: norms with fp32 weights, and its key norm always; `Software.train_norm`). Counting kernels:
+#: forward .float() r2 w4, pow r4 w4, mean r4, × rstd r4 w4, × weight r4 w4, back to bf16 r4 w2
+#: → 40 against a fused kernel's r2 w2 (+36); backward ~88 against ~8 (+80). Measured on the
+#: H200 as the difference of the same steps with fp32 and with bf16 norm weights (Qwen3-1.7B,
+#: 6144 more composite elements per token and layer, at the streaming rate): forward +41 / +39 /
+#: +41 and backward +90 / +99 / +100 bytes per element at 1×4096 / 4×2048 / 8×1024
+#: (bench/data/h200_megatron_1.7b_accounting*.json); the constants take the measurement.
+NORM_COMPOSITE_EXTRA_FWD_BYTES = 40
+NORM_COMPOSITE_EXTRA_BWD_BYTES = 96
+#: Unfused SwiGLU (`Software.train_elementwise`), per ffn element: silu r2 w2, the gate copy
+#: r2 w2, the product r4 w2 → 14 against a fused kernel's r4 w2 (+8); backward: the product's two
+#: grads r8 w4, silu's r4 w2, the concatenated fc1 grad r4 w4 → ~26 against ~10 fused (+16).
+SWIGLU_UNFUSED_EXTRA_FWD_BYTES = 8
+SWIGLU_UNFUSED_EXTRA_BWD_BYTES = 16
+#: Unfused RoPE, per q/k element: t·cos r2 w2, rotate_half (neg + cat) r4 w4, ·sin r2 w2, the
+#: sum r4 w2 → 22 against a fused kernel's r2 w2 (+18), about the same again backward.
+ROPE_UNFUSED_EXTRA_BYTES = 18
+
+
+def software_stream_bytes_per_token(model: ModelSpec, hw: HardwareSpec) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token, whole model, that the profile's unfused norms and
+    elementwise kernels move beyond a fused stack's (0 for the default TransformerEngine stack)."""
+    sw = hw.software
+    h, hd = model.hidden_size, model.head_dim
+    qk = (model.num_attention_heads + model.num_kv_heads) * hd if model.qk_norm else 0
+    composite = 0.0
+    if sw.train_norm == "torch_fp32_weight":
+        composite = 2 * h + qk + h / model.num_layers  # both block norms, q and k, the final norm once
+    elif sw.train_norm == "torch" and model.qk_norm:
+        composite = model.num_kv_heads * hd  # the key norm's strided input
+    fwd = composite * NORM_COMPOSITE_EXTRA_FWD_BYTES
+    bwd = composite * NORM_COMPOSITE_EXTRA_BWD_BYTES
+    if sw.train_elementwise == "unfused":
+        rope = (model.num_attention_heads + model.num_kv_heads) * hd * ROPE_UNFUSED_EXTRA_BYTES
+        ffn = model.ffn_hidden_size if model.gated_mlp else 0
+        fwd += rope + ffn * SWIGLU_UNFUSED_EXTRA_FWD_BYTES
+        bwd += rope + ffn * SWIGLU_UNFUSED_EXTRA_BWD_BYTES
+    return fwd * model.num_layers, bwd * model.num_layers
+
+
 def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1) -> tuple[float, float]:
     """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
 
     Flash attention (the default): FLOPs of `ModelSpec.sequence_flops` (causal) at train MFU,
-    backward = 2 × forward. Unfused attention (`software.train_attention = "unfused"`): the
-    score and value matmuls run over the full s × s matrix, and every score element costs
+    backward = `train_backward_factor` (2) × forward. Unfused attention (`software.train_attention = "unfused"`): the
+    score and value matmuls run over the full s × s matrix at `train_attention_mfu`, and every score element costs
     UNFUSED_SCORE_FWD/BWD_BYTES of memory traffic at the streaming rate; the matmuls' backward
     is 2 × their forward (H200, Qwen3-1.7B: fwd 150 / bwd 220 ms at 1×4096, 185 / 300 ms at 4×2048).
+    Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
+    and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`).
     """
     flops = sum(model.sequence_flops(n) for n in lengths)
     rate = ranks * hw.train_flops
-    if hw.software.train_attention != "unfused":
-        fwd = flops / rate
-        return fwd, 2.0 * fwd
-    causal = sum(4.0 * model.num_layers * model.num_attention_heads * model.head_dim * n * (n + 1) / 2
-                 for n in lengths)  # what sequence_flops counts for attention
-    matmul = (flops - causal + model.unfused_attention_flops(lengths)) / rate
-    elements = model.score_elements(lengths) / ranks
     stream = streaming_bytes_per_s(hw)
-    return (matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream,
-            2.0 * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream)
+    tokens = sum(lengths)
+    extra_fwd, extra_bwd = software_stream_bytes_per_token(model, hw)
+    fwd, bwd = tokens * extra_fwd / ranks / stream, tokens * extra_bwd / ranks / stream
+    if hw.software.train_attention != "unfused":
+        fwd += flops / rate
+        bwd += hw.efficiency.train_backward_factor * flops / rate
+    else:
+        causal = sum(4.0 * model.num_layers * model.num_attention_heads * model.head_dim * n * (n + 1) / 2
+                     for n in lengths)  # what sequence_flops counts for attention
+        attn_rate = ranks * hw.bf16_flops * (hw.efficiency.train_attention_mfu or hw.efficiency.train_mfu)
+        matmul = (flops - causal) / rate + model.unfused_attention_flops(lengths) / attn_rate
+        elements = model.score_elements(lengths) / ranks
+        fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
+        bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
+    eff = hw.efficiency
+    return (max(fwd, eff.train_host_fwd_s_per_layer * model.num_layers),
+            max(bwd, eff.train_host_bwd_s_per_layer * model.num_layers))
+
+
+def software_terms(hw: HardwareSpec) -> dict[str, str]:
+    """The profile's training software as `ModelSpec.activation_bytes_per_token` keywords."""
+    sw = hw.software
+    return {"attention": sw.train_attention, "norm": sw.train_norm, "elementwise": sw.train_elementwise}
 
 
 def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: int = 1, pp: int = 1,
                 recompute: Recompute = "none") -> float:
     """What unfused attention keeps for the backward on one rank beyond `ModelSpec.activation_bytes_per_token`
-    (0 with flash attention): UNFUSED_SCORE_KEPT_BYTES per score element, and per token and layer
+    (0 with flash attention): UNFUSED_SCORE_KEPT_BYTES per score element, per token and layer
     the RoPE'd query and the K and V expanded to every query head for the baddbmm / bmm
-    (3 · b · heads/TP · head_dim; GQA's repeat_interleave). Selective recompute drops the core
-    attention (scores and expansions) but keeps its query input; full recompute keeps one layer's.
+    (3 · b · heads/TP · head_dim; GQA's repeat_interleave), and per layer the boolean causal mask
+    of the micro-batch's longest sequence (s² bytes, shared by its sequences). Selective recompute
+    drops the core attention (scores, expansions, mask) but keeps its query input; full recompute
+    keeps one layer's.
     """
     if hw.software.train_attention != "unfused":
         return 0.0
@@ -133,8 +192,21 @@ def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: 
     tokens = sum(lengths)
     if recompute == "selective":
         return float(layers * per_token * tokens)
-    kept = model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES + layers * 3 * per_token * tokens
+    mask = float(max(lengths, default=0)) ** 2
+    kept = (model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES
+            + layers * (3 * per_token * tokens + mask))
     return kept / layers if recompute == "full" else kept
+
+
+def rope_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], pp: int = 1,
+               recompute: Recompute = "none") -> float:
+    """Unfused RoPE's tables on one rank (0 when fused): every layer keeps cos and sin for q and for
+    k, four bf16 [s, head_dim] tensors over the micro-batch's longest sequence, shared by its
+    sequences (H200: 1024 B per position per layer for head_dim 128 at every batch size)."""
+    if hw.software.train_elementwise != "unfused":
+        return 0.0
+    per_layer = 4.0 * model.dtype_bytes * model.head_dim * max(lengths, default=0)
+    return per_layer if recompute == "full" else per_layer * model.layers_per_stage(pp)
 
 
 @dataclass(frozen=True)
@@ -272,13 +344,15 @@ class SimTrainer:
 
     def activation_bytes(self, tokens: int, lengths: Sequence[int] | None = None) -> int:
         """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches
-        included); with unfused attention also the s² scores of its sequences `lengths` (None: one sequence)."""
+        included); with unfused attention also the s² scores of its sequences `lengths` (None: one
+        sequence), with unfused elementwise kernels the RoPE tables."""
         lay = self.layout
         per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
-                                                          sequence_parallel=lay.tp > 1)
-        scores = score_bytes(self.model, self.hw, [tokens] if lengths is None else lengths, lay.tp, lay.pp,
-                             self.recompute)
-        return int((per_token * tokens + scores) / lay.cp)
+                                                          sequence_parallel=lay.tp > 1, **software_terms(self.hw))
+        seqs = [tokens] if lengths is None else lengths
+        extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
+                 + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
+        return int((per_token * tokens + extra) / lay.cp)
 
     # --- time ------------------------------------------------------------------------------------
     def _forward_seconds(self, lengths: Sequence[int]) -> float:
