@@ -463,9 +463,22 @@ def main() -> int:
     for mbs, seq in shapes:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.warmup):
-            one_step(mbs, seq)
-        steps = [one_step(mbs, seq) for _ in range(args.steps)]
+        try:
+            for _ in range(args.warmup):
+                one_step(mbs, seq)
+            steps = [one_step(mbs, seq) for _ in range(args.steps)]
+        except torch.cuda.OutOfMemoryError as e:
+            # A shape that does not fit is a result too (the simulator predicts it): record it, go on.
+            result.setdefault("oom", []).append({
+                "mbs": mbs, "seq": seq, "error": str(e)[:400],
+                "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                "total_bytes": torch.cuda.get_device_properties(0).total_memory})
+            print(f"megatron {args.preset} mbs={mbs} seq={seq}: out of memory", flush=True)
+            model.zero_grad_buffer()
+            opt.zero_grad()
+            torch.cuda.empty_cache()
+            dump()
+            continue
         entry = {"mbs": mbs, "seq": seq, **flops_per_step(p, mbs, seq), "steps": steps}
         for k in ("fwd_s", "bwd_s", "opt_s", "step_s"):
             entry[k + "_median"] = statistics.median(s[k] for s in steps)
