@@ -37,6 +37,7 @@ from vime.sim.trainer import (  # noqa: E402
     compute_seconds,
     grad_bytes,
     optimizer_step_bytes,
+    optimizer_transient_bytes,
     rope_bytes,
     score_bytes,
     software_terms,
@@ -55,7 +56,9 @@ DATA = ROOT / "bench" / "data"
 VLLM_FILES = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
               "h200_vllm_0.25.1_b2.json")
 EXTRA_RAW_FILES = ("h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
-                  "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json")
+                   "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json")
+#: Held out of every fit: Qwen3-4B steps, predicted before they ran (h200_megatron_qwen3-4b_predicted.json).
+HELDOUT_FILES = ("h200_megatron_qwen3-4b_heldout.json",)
 
 
 def megatron_runs(raw: dict) -> list[dict]:
@@ -69,6 +72,9 @@ def load_raw(path: str, extra: tuple[str, ...] = EXTRA_RAW_FILES) -> dict:
     """The calibration raw file with the kept results of later runs added (calibrate.merge_raw)."""
     parts = [json.loads(Path(path).read_text())]
     parts += [json.loads((DATA / f).read_text()) for f in extra if (DATA / f).exists()]
+    for f in HELDOUT_FILES:  # compared, never fitted (calibrate.py is not given them)
+        if (DATA / f).exists():
+            parts.append({**json.loads((DATA / f).read_text()), "heldout": True})
     return merge_raw(parts)
 
 
@@ -167,6 +173,7 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
         params = spec.num_params()
         tag = " (state in vime CuMem regions)" if res.get("cumem") else ""
         tag += " [bf16 norms]" if res.get("cast_bf16") else ""
+        tag += " [held out]" if res.get("heldout") else ""
         group = "Megatron-core step (local spec, 1 GPU)"
         for e in res["shapes"]:
             mbs, seq = e["mbs"], e["seq"]
@@ -183,9 +190,11 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
                                                   **software_terms(run_hw)) * tokens
             extra = score_bytes(spec, run_hw, lengths) + rope_bytes(spec, run_hw, lengths)
             state = params * (PARAM_BYTES + grad_bytes(run_hw) + OPTIMIZER_BYTES)
-            add(group, f"peak allocated {q}", e["peak_allocated_bytes"], state + act + extra, "B",
+            transient = params * optimizer_transient_bytes(run_hw)
+            add(group, f"peak allocated {q}", e["peak_allocated_bytes"], state + max(act + extra, transient), "B",
                 f"{run_hw.software.train_attention} attention ({extra / GIB:.1f} GiB of s^2 scores, masks and RoPE "
-                f"tables), {run_hw.software.train_norm} norms, {grad_bytes(run_hw)}-byte grads")
+                f"tables), {run_hw.software.train_norm} norms, {grad_bytes(run_hw)}-byte grads; the optimizer "
+                f"step's {optimizer_transient_bytes(run_hw)} B/param when larger")
         for c in res.get("cumem_cycles", []):
             p, w = c["pause"], c["resume"]
             def pause(h: HardwareSpec, p=p) -> float:
