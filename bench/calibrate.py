@@ -556,6 +556,28 @@ def _spec(prof: dict):
     return hardware.HardwareSpec.from_dict(prof, origin="calibration fit")
 
 
+def _fit_collectives(nccl: dict, link: float, eff: dict, src: dict, where: str) -> None:
+    """allreduce_bw_util, allgather_bw_util and collective_latency_s: t = latency + bus bytes / bandwidth,
+    least squares of the relative error over the messages of 1 MiB and more (bench/nccl_bench.py)."""
+    n = nccl["env"]["world"]
+    rows = [r for r in nccl["rows"] if r["bytes"] >= 1 << 20]
+    fits = {}
+    for kind, bus in (("all_reduce", 2 * (n - 1) / n), ("all_gather", (n - 1) / n)):
+        latency, inv_bw = _solve2([(1 / r[f"{kind}_s"], bus * r["bytes"] / r[f"{kind}_s"], 1.0) for r in rows])
+        fits[kind] = (latency, 1 / inv_bw)
+    eff["allreduce_bw_util"] = fits["all_reduce"][1] / link
+    eff["allgather_bw_util"] = fits["all_gather"][1] / link
+    eff["collective_latency_s"] = (fits["all_reduce"][0] + fits["all_gather"][0]) / 2
+    what = (f"fit: latency + bus bytes / bandwidth over {len(rows)} message sizes "
+            f"({rows[0]['bytes'] >> 20}-{rows[-1]['bytes'] >> 20} MiB) on {n} GPUs ({nccl['env'].get('gpu')}, NCCL "
+            f"{nccl['env'].get('nccl')}, NVLink multicast off; bench/nccl_bench.py): all-reduce "
+            f"{fits['all_reduce'][1] / 1e9:.0f} GB/s + {fits['all_reduce'][0] * 1e6:.0f} us, all-gather "
+            f"{fits['all_gather'][1] / 1e9:.0f} GB/s + {fits['all_gather'][0] * 1e6:.0f} us; bandwidths over the "
+            f"NVLink per-direction peak, {where}")
+    for key in ("allreduce_bw_util", "allgather_bw_util", "collective_latency_s"):
+        src[f"efficiency.{key}"] = what
+
+
 #: bench/pin_cost.py methods that pin (the others only populate pages).
 PINNING_METHODS = ("cu_1g", "cu_256m", "torch_pin", "register_thp")
 
@@ -978,6 +1000,9 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
                                                  f"in 1 GiB chunks, {info['host_alloc_bytes'] / GIB:.0f} GiB in "
                                                  f"{info['host_alloc_seconds']:.1f} s (bench/cumem_pause.py), {where}")
     _pool_pinned(raw, vm, src, where)
+    nccl = raw.get("nccl")
+    if nccl and nccl.get("env", {}).get("device") == "cuda" and prof.get("nvlink_bytes_per_s"):
+        _fit_collectives(nccl, prof["nvlink_bytes_per_s"], eff, src, where)
     # software first: the train fit runs the trainer model with it
     mg = [r.get("result") for r in raw.get("megatron", {}).get("runs", []) if (r.get("result") or {}).get("ok")]
     mg = [m for m in mg if m.get("device") == "cuda" and m.get("preset") in MEGATRON_MODELS]
@@ -1055,6 +1080,9 @@ def merge_raw(parts) -> dict:
     for part in parts:
         if "shapes" in part and "preset" in part:  # bench/megatron_step.py --out
             runs.append({"result": part})
+            continue
+        if "rows" in part and part["rows"] and "all_reduce_busbw" in part["rows"][0]:  # bench/nccl_bench.py --out
+            raw["nccl"] = part
             continue
         if "thp" in part and "runs" in part:  # bench/pin_cost.py --out
             raw.setdefault("pin_cost", []).append(part)

@@ -56,7 +56,7 @@ DATA = ROOT / "bench" / "data"
 VLLM_FILES = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
               "h200_vllm_0.25.1_b2.json")
 EXTRA_RAW_FILES = ("h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
-                   "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json")
+                   "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json", "h200x2_nccl.json")
 #: Held out of every fit: Qwen3-4B steps, predicted before they ran (h200_megatron_qwen3-4b_predicted.json).
 HELDOUT_FILES = ("h200_megatron_qwen3-4b_heldout.json",)
 
@@ -164,6 +164,19 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
         pred = im.gpu_time(t, 0, t * (t + 1) / 2, seqs=1) - im.overhead_s
         add("prefill workload (PyTorch, flash attention, Qwen3-4B shapes)", f"prompt {t}", r["median_s"], pred, "s",
             "output head once per sequence (ModelSpec.prefill_flops)")
+
+    # --- NCCL between GPUs of one host (1 MiB and up; below, the per-call cost is all there is) ----------
+    nccl = raw.get("nccl")
+    if nccl and nccl.get("env", {}).get("device") == "cuda":
+        world = nccl["env"]["world"]
+        for r in nccl["rows"]:
+            if r["bytes"] < 1 << 20:
+                continue
+            mib = r["bytes"] >> 20
+            add(f"NCCL on {world} H200s (bench/nccl_bench.py)", f"all_reduce {mib} MiB", r["all_reduce_s"],
+                hw.allreduce_seconds(r["bytes"], world), "s")
+            add(f"NCCL on {world} H200s (bench/nccl_bench.py)", f"all_gather {mib} MiB gathered", r["all_gather_s"],
+                hw.allgather_seconds(r["bytes"], world), "s")
 
     # --- Megatron step: every run, each predicted with its own software (norm weights fp32 or cast) ------
     for res in megatron_runs(raw):

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
 RAW_PATH = DATA / "h200_calibration.json"
 #: The later leases' Megatron steps (bench/megatron_step.py results) the preset's train fit also read.
-MEGATRON_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
+MEGATRON_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200x2_nccl.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
                                      "h200_megatron_1.7b_accounting_cast_bf16.json")]
 VLLM_PATH = DATA / "h200_vllm_0.25.1.json"
 BASE_PATH = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G.json"
@@ -40,6 +40,7 @@ TOLERANCE = {
     "cuda_context_bytes": 1e-12,
     "efficiency.decode_bw_util": 1e-9, "efficiency.decode_weight_bw_util": 1e-9, "efficiency.prefill_mfu": 1e-9,
     "efficiency.eager_iteration_s": 1e-9, "efficiency.host_copy_util": 1e-12, "efficiency.allreduce_bw_util": 1e-12,
+    "efficiency.allgather_bw_util": 1e-12, "efficiency.collective_latency_s": 1e-12,
     "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
     "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
     "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,

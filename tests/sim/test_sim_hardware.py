@@ -119,3 +119,21 @@ def test_spec_is_frozen():
     with pytest.raises(AttributeError):
         hw.bf16_flops = 1.0  # type: ignore[misc]
     assert isinstance(HardwareSpec.from_dict(hw.to_dict()), HardwareSpec)
+
+
+def test_collectives_pay_a_latency_per_call_and_all_gather_its_own_bandwidth():
+    """H200 pair (bench/data/h200x2_nccl.json): ~42 us per call, all-gather slower than all-reduce."""
+    hw = load_hardware("H200-141G-measured")
+    eff = hw.efficiency
+    assert 30e-6 < eff.collective_latency_s < 60e-6
+    assert 0 < eff.allgather_bw_util < eff.allreduce_bw_util
+    nbytes = 1 << 30
+    bare = hw.allreduce_seconds(nbytes, 2, calls=0)
+    assert bare == pytest.approx(nbytes / (hw.nvlink_bytes_per_s * eff.allreduce_bw_util))
+    assert hw.allreduce_seconds(nbytes, 2, calls=3) == pytest.approx(bare + 3 * eff.collective_latency_s)
+    assert hw.allgather_seconds(nbytes, 2, calls=0) == pytest.approx(
+        nbytes / 2 / (hw.nvlink_bytes_per_s * eff.allgather_bw_util))
+    # the estimate presets keep the old model: no per-call cost, one bandwidth for both
+    h100 = load_hardware("H100-SXM-80G")
+    assert h100.allgather_seconds(nbytes, 2) * 2 == pytest.approx(h100.allreduce_seconds(nbytes, 2))
+    assert h100.allreduce_seconds(nbytes, 1) == 0.0

@@ -368,7 +368,7 @@ class IterationModel:
         eff = hardware.efficiency
         return cls(float(model.weight_bytes(tp)), float(model.kv_bytes_per_token(tp)),
                    hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
-                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp), lat,
+                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0), lat,
                    model.lm_head_flops_per_token(), eff.host_step_s, eff.host_step_per_seq_s,
                    hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens)
 

@@ -29,6 +29,8 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_host_fwd_s_per_layer": 0.0,        # trainer CPU floor per layer, forward (optional, 0)
         "train_host_bwd_s_per_layer": 0.0,        # ... and backward (optional, 0)
         "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / link peak (NVLink or network)
+        "allgather_bw_util": 0.0,                 # all-gather's, if different (optional, 0 = allreduce's)
+        "collective_latency_s": 0.0,              # per collective call the trainer issues (optional, 0)
         "host_copy_util": 0.80                    # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
       },
       "vmm": {                                    # CUDA virtual-memory costs behind sleep / wake_up
@@ -112,6 +114,13 @@ class Efficiency:
     train_host_fwd_s_per_layer: float = 0.0
     train_host_bwd_s_per_layer: float = 0.0
     allreduce_bw_util: float = 0.70
+    #: All-gather / reduce-scatter bus bandwidth over the link peak; 0 = allreduce_bw_util. NCCL's
+    #: all-gather ran slower than its all-reduce on the H200 pair (259 vs 311 GB/s bus bandwidth).
+    allgather_bw_util: float = 0.0
+    #: Fixed cost of one collective call as the trainer issues it (Python, NCCL launch, sync):
+    #: ~42 us per call on the H200 pair, for all-reduce and all-gather alike. 0 in the estimate
+    #: presets. The engine's in-graph all-reduces keep EngineSettings.allreduce_latency_s.
+    collective_latency_s: float = 0.0
     host_copy_util: float = 1.0
 
 
@@ -219,10 +228,12 @@ class HardwareSpec:
         """NCCL bus bandwidth between the GPUs of one node."""
         return self.nvlink_bytes_per_s * self.efficiency.allreduce_bw_util
 
-    def bus_bytes_per_s(self, inter_node: bool = False) -> float:
-        """NCCL bus bandwidth of a group inside one node (NVLink) or spanning nodes (the slower network)."""
+    def bus_bytes_per_s(self, inter_node: bool = False, *, gather: bool = False) -> float:
+        """NCCL bus bandwidth of a group inside one node (NVLink) or spanning nodes (the slower network);
+        `gather`: of an all-gather / reduce-scatter."""
         link = min(self.nvlink_bytes_per_s, self.internode_bytes_per_s) if inter_node else self.nvlink_bytes_per_s
-        return link * self.efficiency.allreduce_bw_util
+        eff = self.efficiency
+        return link * ((eff.allgather_bw_util or eff.allreduce_bw_util) if gather else eff.allreduce_bw_util)
 
     @property
     def h2d_bytes_per_s(self) -> float:
@@ -239,17 +250,22 @@ class HardwareSpec:
         return dict(self.sources).get(key, "")
 
     # --- collectives ----------------------------------------------------------------------------
-    def allreduce_seconds(self, nbytes: float, group: int, *, inter_node: bool = False) -> float:
-        """Ring all-reduce of `nbytes` (per rank) over `group` GPUs: 2·(g−1)/g·bytes at bus bandwidth."""
+    def allreduce_seconds(self, nbytes: float, group: int, *, inter_node: bool = False, calls: int = 1) -> float:
+        """Ring all-reduce of `nbytes` (per rank) over `group` GPUs in `calls` collective calls:
+        2·(g−1)/g·bytes at bus bandwidth, plus `collective_latency_s` per call (calls=0: the bytes
+        alone, for a per-token rate)."""
         if group <= 1 or nbytes <= 0:
             return 0.0
-        return 2.0 * (group - 1) / group * nbytes / self.bus_bytes_per_s(inter_node)
+        return (2.0 * (group - 1) / group * nbytes / self.bus_bytes_per_s(inter_node)
+                + calls * self.efficiency.collective_latency_s)
 
-    def allgather_seconds(self, nbytes: float, group: int, *, inter_node: bool = False) -> float:
-        """Ring all-gather (or reduce-scatter) producing/consuming `nbytes` per rank in total: (g−1)/g·bytes."""
+    def allgather_seconds(self, nbytes: float, group: int, *, inter_node: bool = False, calls: int = 1) -> float:
+        """Ring all-gather (or reduce-scatter) producing/consuming `nbytes` per rank in total: (g−1)/g·bytes
+        at the all-gather bus bandwidth, plus `collective_latency_s` per call."""
         if group <= 1 or nbytes <= 0:
             return 0.0
-        return (group - 1) / group * nbytes / self.bus_bytes_per_s(inter_node)
+        return ((group - 1) / group * nbytes / self.bus_bytes_per_s(inter_node, gather=True)
+                + calls * self.efficiency.collective_latency_s)
 
     # --- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -348,6 +364,7 @@ class HardwareSpec:
             efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s",
                                                          "decode_weight_bw_util", "eager_iteration_s",
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
+                                                         "allgather_bw_util", "collective_latency_s",
                                                          "train_host_bwd_s_per_layer"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,

@@ -405,11 +405,13 @@ class SimTrainer:
         shard = lay.dp * lay.cp if self.distributed_optimizer else 1
         grads = params * grad_bytes(self.hw)
         net = lay.dp_crosses_nodes
+        # Megatron's DDP reduces the grads in buckets of max(40M, 1M·DP) parameters, one call each.
+        buckets = max(1, math.ceil(params / max(40_000_000, 1_000_000 * lay.dp * lay.cp)))
         if self.distributed_optimizer:
-            reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp, inter_node=net)  # reduce-scatter
-            gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp, inter_node=net)
+            reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets)  # reduce-scatter
+            gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp, inter_node=net, calls=buckets)
         else:
-            reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net), 0.0
+            reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets), 0.0
         step = math.ceil(params / shard) * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
         return reduce + step + gather
 
