@@ -82,7 +82,7 @@ class FakeDriver:
             raise DriverError("cuMemMap", "CUDA_ERROR_INVALID_VALUE", f"va={va:#x} is not a reserved range of {size}")
         if va in self._mapped:
             raise DriverError("cuMemMap", "CUDA_ERROR_ALREADY_MAPPED", f"va={va:#x}")
-        if len(self._physical.get(handle, b"")) != size:  # type: ignore[arg-type]
+        if not isinstance(handle, int) or len(self._physical.get(handle, b"")) != size:
             raise DriverError("cuMemMap", "CUDA_ERROR_INVALID_HANDLE", f"handle {handle}")
         self._mapped[va] = (size, handle)  # type: ignore[assignment]
 

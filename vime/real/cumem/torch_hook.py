@@ -53,7 +53,13 @@ class TorchCuMem:
         self._pools: dict[str, Any] = {}
         # Drop the pools while Python is fully alive, not during interpreter teardown.
         ref = weakref.ref(self)
-        atexit.register(lambda: (h := ref()) is not None and h.close())
+
+        def close_if_alive() -> None:
+            hook = ref()
+            if hook is not None:
+                hook.close()
+
+        atexit.register(close_if_alive)
 
     # --- the callbacks --------------------------------------------------------------------------
     def _on_alloc(self, size: int, device: int, stream: int | None) -> int:
