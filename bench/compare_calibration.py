@@ -9,7 +9,7 @@ Predictions come from the simulator's own models (vime.sim): the engine's `Itera
 (GPU roofline per iteration, host-bound floor, output head once per request), `ModelSpec` FLOPs /
 bytes, the trainer's fwd/bwd/optimizer and memory formulas (`vime.sim.trainer.compute_seconds`,
 `score_bytes`, `optimizer_step_bytes`), the engine's sleep/wake and bucket costs and the
-allocators' (persistent vs cold pinned buffers), evaluated with two hardware profiles: the
+allocators' (SimAllocator's own cost methods, persistent vs cold pinned buffers), evaluated with two hardware profiles: the
 measured preset H200-141G-measured (vime/sim/data/hardware/, with its provenance; it describes the
 software of the runs too: unfused attention, bf16 grads, torch AdamW) and the datasheet preset
 H200-141G. Error % = (predicted - measured) / measured.
@@ -25,11 +25,15 @@ import statistics
 import sys
 from pathlib import Path
 
+import simpy
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from vime.sim import clock  # noqa: E402
 from vime.sim.engine import EngineSettings, IterationModel  # noqa: E402
 from vime.sim.hardware import HardwareSpec, load_hardware  # noqa: E402
+from vime.sim.memory import SimAllocator, SimCluster  # noqa: E402
 from vime.sim.models import ModelSpec, load_model  # noqa: E402
 from vime.sim.trainer import (  # noqa: E402
     OPTIMIZER_BYTES,
@@ -330,16 +334,40 @@ def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[di
         "EngineSettings.bucket_seconds with ~25 tensors per bucket")
 
 
+def _allocator(hw: HardwareSpec, copy: float, unmap: float, pinned: str):
+    """A one-GPU SimAllocator holding `copy` bytes to offload ("kept") and `unmap - copy` to discard
+    ("dropped"): the rows' costs come from the simulator's own cost methods."""
+    env = simpy.Environment()
+    cluster = SimCluster.create(env, hw, 1)
+    alloc = SimAllocator("bench", cluster.gpus, hw, known_tags=("kept", "dropped"), pinned=pinned, env=env)
+    if copy:
+        alloc.allocate("kept", int(copy))
+    if unmap > copy:
+        alloc.allocate("dropped", int(unmap - copy))
+    return alloc, env
+
+
 def _pause(hw: HardwareSpec, copy: float, unmap: float, alloc: float) -> float:
-    """SimAllocator._sleep_costs: pinned allocation + copy at d2h + unmap/release per GiB."""
-    return (alloc / GIB * hw.vmm.pinned_alloc_s_per_gib + copy / hw.d2h_bytes_per_s
-            + unmap / GIB * hw.vmm.unmap_release_s_per_gib)
+    """SimAllocator.sleep_seconds: pinning what is not pinned yet + copy at d2h + unmap/release."""
+    a, env = _allocator(hw, copy, unmap, "persistent")
+    if copy and not alloc:  # a later cycle: the persistent host buffer exists from an earlier sleep
+        async def cycle() -> None:
+            await a.sleep(["kept"], ["dropped"] if unmap > copy else [])
+            await a.wake_up()
+
+        clock.run(cycle(), env=env)
+    return a.sleep_seconds(["kept"] if copy else [], ["dropped"] if unmap > copy else [])
 
 
 def _resume(hw: HardwareSpec, copy: float, mapped: float, cold: bool = False) -> float:
-    """SimAllocator._wake_costs: create/map per GiB + copy at h2d (+ freeing the host buffer when cold)."""
-    free = copy / GIB * hw.vmm.pinned_free_s_per_gib if cold else 0.0
-    return mapped / GIB * hw.vmm.create_map_s_per_gib + copy / hw.h2d_bytes_per_s + free
+    """SimAllocator.wake_seconds: create/map + copy at h2d (+ freeing the host buffer when cold)."""
+    a, env = _allocator(hw, copy, mapped, "cold" if cold else "persistent")
+
+    async def sleep() -> None:
+        await a.sleep(["kept"] if copy else [], ["dropped"] if mapped > copy else [])
+
+    clock.run(sleep(), env=env)
+    return a.wake_seconds(None)
 
 
 def _fmt(v: float, unit: str) -> str:
