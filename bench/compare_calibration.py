@@ -58,7 +58,7 @@ DATA = ROOT / "bench" / "data"
 #: vLLM 0.25.1 runs on the H200: the first lease, and the second lease's three (b0 broke after its
 #: frontend phase and three decode rows on a client keep-alive race, fixed since; what it measured counts).
 VLLM_FILES = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
-              "h200_vllm_0.25.1_b2.json")
+              "h200_vllm_0.25.1_b2.json", "h200x2_vllm_0.25.1_tp2.json")
 EXTRA_RAW_FILES = ("h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
                    "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json", "h200x2_nccl.json")
 #: Held out of every fit: Qwen3-4B steps, predicted before they ran (h200_megatron_qwen3-4b_predicted.json).
@@ -245,8 +245,13 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
 
     # --- real vLLM 0.25.1: every run; measured = median over runs of each run's median, spread = the runs' range --
     runs = [v for v in (vllm if isinstance(vllm, list) else [vllm] if vllm else []) if v]
-    if runs:
-        vllm_rows(hw, im, m4, runs, add, pinning)
+    by_tp: dict[int, list[dict]] = {}
+    for v in runs:  # a run's TP is in its server argv
+        argv = v.get("server_argv") or []
+        tp = int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+        by_tp.setdefault(tp, []).append(v)
+    for tp, tp_runs in sorted(by_tp.items()):
+        vllm_rows(hw, im if tp == 1 else _iter_model(hw, m4, tp=tp), m4, tp_runs, add, pinning, tp=tp)
     return rows
 
 
@@ -254,13 +259,16 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[dict], add, pinning) -> None:
+def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[dict], add, pinning,
+              tp: int = 1) -> None:
     """The vLLM rows: one per quantity, measured over every run (each run's median of its repeats or
     cycles; the row's value is the median over runs and `spread` their range), predicted once by
     the engine's models (IterationModel, EngineSettings' call, per-tensor, bucket, front-end and
     first-update costs, the allocator's pinning)."""
-    settings = EngineSettings(max_model_len=20480)
+    settings = EngineSettings(tp=tp, max_model_len=20480)
     group = "vLLM 0.25.1 (Qwen3-4B shapes, random weights)"
+    if tp > 1:  # calibrated at TP=1 only: these runs are held out (h200x2_vllm_tp2_predicted.json came first)
+        group = f"vLLM 0.25.1 TP={tp} on {tp} H200s [held out]"
     fe = settings.request_overhead_s
 
     def per_run(fn) -> list[float]:
@@ -296,6 +304,8 @@ def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[di
             per_run(lambda ph, n=n: _median([r["wall_s"] for r in ph["prefill"] if r["prompt_len"] == n])),
             prefill_seconds(im, n) + fe, "+ the front end (request_overhead_s)")
 
+    if not any(v.get("phases", {}).get("sleep_l1") for v in runs):
+        return  # no sleep cycles in these runs (--skip-sleep)
     wbytes = runs[0].get("weight_bytes", m4.weight_bytes())
     tensors = len(m4.hf_weight_shapes())  # one allocation each in vLLM's backup loop
     kv = _median([r["free_asleep"] - r["free_awake"] - wbytes for v in runs for r in v["phases"].get("sleep_l1", [])])
