@@ -55,10 +55,11 @@ from calibrate import _megatron_software as megatron_software  # noqa: E402
 GIB = 1 << 30
 DATA = ROOT / "bench" / "data"
 #: bench/megatron_step.py and bench/pin_cost.py results kept beside the calibration raw file (later leases).
-#: vLLM 0.25.1 runs on the H200: the first lease, and the second lease's three (b0 broke after its
-#: frontend phase and three decode rows on a client keep-alive race, fixed since; what it measured counts).
+#: vLLM 0.25.1 runs on the H200: the first lease, the second lease's three (b0 broke after its
+#: frontend phase and three decode rows on a client keep-alive race, fixed since; what it measured
+#: counts), and on an nvidia-h200-x2 lease one at TP=1 (GPU 0) and one at TP=2 (held out).
 VLLM_FILES = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
-              "h200_vllm_0.25.1_b2.json", "h200x2_vllm_0.25.1_tp2.json")
+              "h200_vllm_0.25.1_b2.json", "h200x2_vllm_0.25.1_tp1.json", "h200x2_vllm_0.25.1_tp2.json")
 EXTRA_RAW_FILES = ("h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
                    "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json", "h200x2_nccl.json")
 #: Held out of every fit: Qwen3-4B steps, predicted before they ran (h200_megatron_qwen3-4b_predicted.json).
