@@ -556,6 +556,34 @@ def _spec(prof: dict):
     return hardware.HardwareSpec.from_dict(prof, origin="calibration fit")
 
 
+def _tp_of(run: dict) -> int:
+    argv = run.get("server_argv") or []
+    return int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+
+
+def _fit_tp_host(runs: list[dict], eff: dict, src: dict, where: str) -> None:
+    """host_step_tp_scale from a TP=1 and a TP>1 vLLM run on the same machine (give both to --from-raw):
+    the median over the decode runs both measured of per-step time at TP>1 over per-step time at TP=1
+    (on the H200 every one of them was host-bound at TP=1)."""
+    by_tp: dict[int, list[dict]] = {}
+    for r in runs:
+        by_tp.setdefault(_tp_of(r), []).append(r)
+    if 1 not in by_tp or len(by_tp) < 2:
+        raise SystemExit("vLLM runs in --from-raw must be a pair from one machine: one at TP=1 and one at TP>1 "
+                         f"(got TP {sorted(by_tp)}); the TP=1 decode fit takes --vllm-raw")
+    one = {(d["batch"], d["max_tokens"]): d["s_per_step"] for r in by_tp[1] for d in r["phases"].get("decode", [])}
+    tp = max(by_tp)
+    ratios = [d["s_per_step"] / one[(d["batch"], d["max_tokens"])] for r in by_tp[tp]
+              for d in r["phases"].get("decode", []) if (d["batch"], d["max_tokens"]) in one]
+    if not ratios:
+        raise SystemExit("the TP pair in --from-raw shares no decode runs (same --decode grid on both, please)")
+    eff["host_step_tp_scale"] = statistics.median(ratios)
+    src["efficiency.host_step_tp_scale"] = (
+        f"fit: median of {len(ratios)} decode runs' per-step time at TP={tp} over TP=1 on the same machine "
+        f"({min(ratios):.2f}-{max(ratios):.2f}; vLLM {by_tp[tp][0].get('software', {}).get('vllm_version', '?')}, "
+        f"scripts/h200/vllm_bench.py --tp); one pair, while host-bound phases vary 20-40 % between runs, {where}")
+
+
 def _fit_collectives(nccl: dict, link: float, eff: dict, src: dict, where: str) -> None:
     """allreduce_bw_util, allgather_bw_util and collective_latency_s: t = latency + bus bytes / bandwidth,
     least squares of the relative error over the messages of 1 MiB and more (bench/nccl_bench.py)."""
@@ -1000,6 +1028,8 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
                                                  f"in 1 GiB chunks, {info['host_alloc_bytes'] / GIB:.0f} GiB in "
                                                  f"{info['host_alloc_seconds']:.1f} s (bench/cumem_pause.py), {where}")
     _pool_pinned(raw, vm, src, where)
+    if raw.get("vllm_runs"):
+        _fit_tp_host(raw["vllm_runs"], eff, src, where)
     nccl = raw.get("nccl")
     if nccl and nccl.get("env", {}).get("device") == "cuda" and prof.get("nvlink_bytes_per_s"):
         _fit_collectives(nccl, prof["nvlink_bytes_per_s"], eff, src, where)
@@ -1083,6 +1113,9 @@ def merge_raw(parts) -> dict:
             continue
         if "rows" in part and part["rows"] and "all_reduce_busbw" in part["rows"][0]:  # bench/nccl_bench.py --out
             raw["nccl"] = part
+            continue
+        if "phases" in part and "server_argv" in part:  # scripts/h200/vllm_bench.py --out (a TP pair)
+            raw.setdefault("vllm_runs", []).append(part)
             continue
         if "thp" in part and "runs" in part:  # bench/pin_cost.py --out
             raw.setdefault("pin_cost", []).append(part)

@@ -268,8 +268,8 @@ def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[di
     first-update costs, the allocator's pinning)."""
     settings = EngineSettings(tp=tp, max_model_len=20480)
     group = "vLLM 0.25.1 (Qwen3-4B shapes, random weights)"
-    if tp > 1:  # calibrated at TP=1 only: these runs are held out (h200x2_vllm_tp2_predicted.json came first)
-        group = f"vLLM 0.25.1 TP={tp} on {tp} H200s [held out]"
+    if tp > 1:  # held out at first (h200x2_vllm_tp2_predicted.json: decode +6..+35 %), then host_step_tp_scale
+        group = f"vLLM 0.25.1 TP={tp} on {tp} H200s (its host_step_tp_scale fitted with a TP=1 pair)"
     fe = settings.request_overhead_s
 
     def per_run(fn) -> list[float]:

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
 RAW_PATH = DATA / "h200_calibration.json"
 #: The later leases' Megatron steps (bench/megatron_step.py results) the preset's train fit also read.
-MEGATRON_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200x2_nccl.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
+MEGATRON_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200x2_nccl.json", "h200x2_vllm_0.25.1_tp1.json",
+                                     "h200x2_vllm_0.25.1_tp2.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
                                      "h200_megatron_1.7b_accounting_cast_bf16.json")]
 VLLM_PATH = DATA / "h200_vllm_0.25.1.json"
 BASE_PATH = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G.json"
@@ -41,6 +42,7 @@ TOLERANCE = {
     "efficiency.decode_bw_util": 1e-9, "efficiency.decode_weight_bw_util": 1e-9, "efficiency.prefill_mfu": 1e-9,
     "efficiency.eager_iteration_s": 1e-9, "efficiency.host_copy_util": 1e-12, "efficiency.allreduce_bw_util": 1e-12,
     "efficiency.allgather_bw_util": 1e-12, "efficiency.collective_latency_s": 1e-12,
+    "efficiency.host_step_tp_scale": 1e-12,
     "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
     "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
     "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,
@@ -244,3 +246,22 @@ def test_cli_merges_raw_files_of_several_calls(tmp_path: Path, rebuilt: Path):
     ours, want = load_hardware(str(prof)), load_hardware(str(rebuilt))
     assert (ours.efficiency, ours.vmm, ours.software) == (want.efficiency, want.vmm, want.software)
     assert _numbers(ours) == _numbers(want)
+
+
+def test_tp_host_scale_needs_a_tp_pair(tmp_path: Path):
+    """--from-raw with vLLM runs: one at TP=1 and one at TP>1 of the same machine, or a clear refusal."""
+    tp1 = json.loads((DATA / "h200x2_vllm_0.25.1_tp1.json").read_text())
+    raw = CAL.merge_raw([RAW, tp1])
+    with pytest.raises(SystemExit, match="pair from one machine"):
+        CAL.build_profile(raw, VLLM, base=BASE)
+    tp2 = json.loads((DATA / "h200x2_vllm_0.25.1_tp2.json").read_text())
+    spec = HardwareSpec.from_dict(CAL.build_profile(CAL.merge_raw([RAW, tp1, tp2]), VLLM, base=BASE))
+    steps = {(d["batch"], d["max_tokens"]): d["s_per_step"] for d in tp1["phases"]["decode"]}
+    ratios = sorted(d["s_per_step"] / steps[(d["batch"], d["max_tokens"])] for d in tp2["phases"]["decode"])
+    assert spec.efficiency.host_step_tp_scale == pytest.approx(ratios[len(ratios) // 2])
+    assert all(r < 1 for r in ratios)  # every decode run stepped faster at TP=2 on the same machine
+    # the engine applies it only past TP=1
+    hw = load_hardware("H200-141G-measured")
+    im1 = IterationModel.build(hw, load_model("Qwen3-4B"), EngineSettings(tp=1))
+    im2 = IterationModel.build(hw, load_model("Qwen3-4B"), EngineSettings(tp=2))
+    assert im2.host(64) == pytest.approx(im1.host(64) * hw.efficiency.host_step_tp_scale)

@@ -366,10 +366,12 @@ class IterationModel:
         ar_bytes = 2 * model.num_layers * model.hidden_size * model.dtype_bytes
         lat = 2 * model.num_layers * settings.allreduce_latency_s if tp > 1 else 0.0
         eff = hardware.efficiency
+        # TP > 1: the workers prepare their inputs in their own processes (Efficiency.host_step_tp_scale)
+        host_scale = eff.host_step_tp_scale if tp > 1 else 1.0
         return cls(float(model.weight_bytes(tp)), float(model.kv_bytes_per_token(tp)),
                    hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
                    eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0), lat,
-                   model.lm_head_flops_per_token(), eff.host_step_s, eff.host_step_per_seq_s,
+                   model.lm_head_flops_per_token(), eff.host_step_s * host_scale, eff.host_step_per_seq_s * host_scale,
                    hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens)
 
     def host(self, seqs: int) -> float:

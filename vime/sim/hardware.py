@@ -24,6 +24,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
         "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
         "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
+        "host_step_tp_scale": 1.0,                # that CPU step at TP > 1 over TP = 1 (optional, 1)
         "train_attention_mfu": 0.0,               # unfused attention matmuls' fraction of peak (optional, 0 = train_mfu)
         "train_backward_factor": 2.0,             # backward / forward matmul time (optional, 2)
         "train_host_fwd_s_per_layer": 0.0,        # trainer CPU floor per layer, forward (optional, 0)
@@ -106,6 +107,11 @@ class Efficiency:
     #: roofline). The estimate presets keep 0 (GPU-bound engines).
     host_step_s: float = 0.0
     host_step_per_seq_s: float = 0.0
+    #: The CPU step of a TP > 1 engine over a TP = 1 one. vLLM's multiprocess executor runs each
+    #: rank's input preparation in its worker process, beside the engine core's scheduling and
+    #: output processing, instead of after them in one process: on one H200 pair the same decode
+    #: runs stepped 0.74-0.96x as long at TP=2 (median 0.85) where TP=1 was host-bound. 1 = same.
+    host_step_tp_scale: float = 1.0
     #: The trainer's CPU work per layer of one micro-batch (Python, autograd and kernel launches of
     #: an eager Megatron stack): forward and backward take at least this × layers, since the GPU
     #: cannot run ahead of the launches. It shows on small micro-batches of the local spec's many
