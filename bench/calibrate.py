@@ -20,16 +20,23 @@ Sections (each timed with CUDA events after warm-up, median of repeats, random d
 Raw numbers go to --out after every section (a crash keeps what was measured); the profile is
 written from whatever sections ran, with one provenance note per value (`build_profile`).
 
-Re-fit on a CPU from kept raw data (no GPU, no measurement):
+Re-fit on a CPU from kept raw data (no GPU, no measurement); --from-raw also takes the outputs of
+bench/pin_cost.py, bench/nccl_bench.py, bench/megatron_step.py (each a run of its own) and a TP=1 /
+TP>1 pair of scripts/h200/vllm_bench.py runs from one machine. What the preset was built from:
 
-    python bench/calibrate.py --from-raw bench/data/h200_calibration.json \
+    python bench/calibrate.py --from-raw bench/data/h200_calibration.json,bench/data/h200_pin_cost.json,\
+    bench/data/h200x2_nccl.json,bench/data/h200x2_vllm_0.25.1_tp1.json,bench/data/h200x2_vllm_0.25.1_tp2.json,\
+    bench/data/h200_megatron_qwen3-0.6b_cumem.json,bench/data/h200_megatron_1.7b_accounting.json,\
+    bench/data/h200_megatron_1.7b_accounting_cast_bf16.json \
         --vllm-raw bench/data/h200_vllm_0.25.1.json --out /tmp/H200-141G-measured.json
 
 `build_profile` derives every field of the schema (vime/sim/hardware.py): measured rates, the decode
 weight / KV rates (decode rows), prefill MFU and the eager launch constant (prefill rows), train MFU
-through the simulator's trainer model (Megatron step), VMM and pinned-host costs (vmm and cumem
-sections), the software section (what the Megatron step ran), vLLM's host step a + b·requests (the
-vLLM bench JSON, when given), and the provenance (machine, driver, dates, commands).
+through the simulator's trainer model (every Megatron step, each with its software: GEMM and
+attention-matmul rates, backward factor, CPU floors), VMM costs, pinned-host costs (the median of
+every direct measurement), collectives (latency + bandwidth), the software section (what the Megatron
+step ran), vLLM's host step a + b·requests (the vLLM bench JSON, when given) and its TP>1 scale (a
+TP pair), and the provenance (machine, driver, dates, commands).
 """
 
 from __future__ import annotations
@@ -1153,7 +1160,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the GPU tests with scripts/h200/pytest-gpu.ini (machines without pytest-asyncio)")
     ap.add_argument("--from-raw", default=None, metavar="RAW.json[,RAW2.json]",
                     help="measure nothing: fit the profile from these raw files (comma-separated, later ones win "
-                         "section by section) and write it to --out (or --profile); runs on a CPU")
+                         "section by section; Megatron steps add up) and write it to --out (or --profile); runs on "
+                         "a CPU")
     ap.add_argument("--vllm-raw", default=None, metavar="X.json",
                     help="a vLLM bench JSON (scripts/h200/vllm_bench.py --out) to fit vLLM's host step from; "
                          "without it the profile keeps the base preset's host-step values (said in sources)")
