@@ -19,8 +19,8 @@ from vime.sim.models import load_model
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
 RAW_PATH = DATA / "h200_calibration.json"
-#: The later leases' Megatron steps (bench/megatron_step.py results) the preset's train fit also read.
-MEGATRON_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200x2_nccl.json", "h200x2_vllm_0.25.1_tp1.json",
+#: The later leases' raw files the preset was also fitted from (pinning, NCCL, the TP pair, Megatron steps).
+EXTRA_RAW_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200x2_nccl.json", "h200x2_vllm_0.25.1_tp1.json",
                                      "h200x2_vllm_0.25.1_tp2.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
                                      "h200_megatron_1.7b_accounting_cast_bf16.json")]
 VLLM_PATH = DATA / "h200_vllm_0.25.1.json"
@@ -71,7 +71,7 @@ BASE = json.loads(BASE_PATH.read_text())
 def rebuilt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The profile the CLI writes from the committed raw JSON (what a user re-running the fit gets)."""
     out = tmp_path_factory.mktemp("profile") / "H200-141G-measured.json"
-    rc = CAL.main(["--from-raw", ",".join(map(str, [RAW_PATH, *MEGATRON_PATHS])), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
+    rc = CAL.main(["--from-raw", ",".join(map(str, [RAW_PATH, *EXTRA_RAW_PATHS])), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
                    "--out", str(out)])
     assert rc == 0
     return out
@@ -240,7 +240,7 @@ def test_cli_merges_raw_files_of_several_calls(tmp_path: Path, rebuilt: Path):
     a.write_text(json.dumps(first))
     b.write_text(json.dumps(second))
     merged, prof = tmp_path / "merged.json", tmp_path / "p.json"
-    assert CAL.main(["--from-raw", ",".join(map(str, [a, b, *MEGATRON_PATHS])), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
+    assert CAL.main(["--from-raw", ",".join(map(str, [a, b, *EXTRA_RAW_PATHS])), "--vllm-raw", str(VLLM_PATH), "--base", str(BASE_PATH),
                      "--out", str(merged), "--profile", str(prof)]) == 0
     assert json.loads(merged.read_text())["sections"] == RAW["sections"]
     ours, want = load_hardware(str(prof)), load_hardware(str(rebuilt))
