@@ -35,6 +35,9 @@ ENGINE_TAGS: frozenset[str] = frozenset({TAG_WEIGHTS, TAG_KV_CACHE, TAG_CUDA_GRA
 
 #: Trainer-side tags (Megatron state); the simulator and the real CuMem allocator use the same names.
 TRAINER_TAGS: frozenset[str] = frozenset({"params", "grads", "optimizer", "activations"})
+#: Sleep level of colocated engines while the trainer initialises (seed step 3; step 34 uses the
+#: same level): their weights are discarded, since the first publication (step 8) pushes them anyway.
+STARTUP_SLEEP_LEVEL = 2
 
 
 def normalize_wake_tags(tags: Sequence[str] | None) -> list[str] | None:

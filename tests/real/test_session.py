@@ -180,3 +180,45 @@ def test_failure_or_cancellation_inside_the_session_tears_down(fakes, tmp_path, 
         asyncio.run(main())
     assert fakes[0].shut
     assert FakeLauncher.instances[0].events[-2:] == ["exit", "stop_all"]
+
+
+def test_on_gpus_colocated_engines_start_and_sleep_before_the_trainer(fakes, monkeypatch, tmp_path):
+    """Seed step 3: a vLLM server sizes its KV cache from the memory free at its start, so on GPUs the
+    engines start alone and sleep at level 2 before the trainer allocates; on CPU both start at once.
+    A model directory without tokenizer files is served token-ids-only."""
+    import vime.real.vllm_client as client_mod
+
+    order: list[str] = []
+    specs_seen: list[Any] = []
+    real_start = FakeLauncher.start_servers
+
+    def start_servers(self: FakeLauncher, specs: Any, timeout_s: float) -> list[str]:
+        specs_seen.extend(specs)
+        order.append("servers")
+        return real_start(self, specs, timeout_s)
+
+    async def sleep(self: Any, level: int, mode: str = "keep") -> None:
+        order.append(f"sleep:{self.name}:{level}")
+
+    def start_trainer(args: Any) -> FakeTrainer:
+        order.append("trainer")
+        fakes.append(FakeTrainer())
+        return fakes[-1]
+
+    monkeypatch.setattr(FakeLauncher, "start_servers", start_servers)
+    monkeypatch.setattr(client_mod.VLLMEngine, "sleep", sleep)
+    monkeypatch.setattr(session_mod, "_start_trainer", start_trainer)
+    monkeypatch.setattr(session_mod, "detect_device", lambda: "cuda")
+    args = _args(tmp_path, "--colocate", "--update-weight-mode", "tensor")
+    assert session_mod.sequential_startup(args, "cuda") and not session_mod.sequential_startup(args, "cpu")
+    assert not session_mod.sequential_startup(_args(tmp_path, "--no-colocate", "--rollout-num-gpus", "1"), "cuda")
+
+    async def main() -> list[Any]:
+        async with session_mod.real_session(args) as s:
+            return list(s.engines)
+
+    engines = asyncio.run(main())
+    assert order == ["servers", "sleep:engine0:2", "trainer"]
+    assert [s.skip_tokenizer_init for s in specs_seen] == [True]  # _args' model has no tokenizer files
+    assert [e.detokenize for e in engines] == [False]
+    assert fakes[-1].shut

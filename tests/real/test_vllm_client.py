@@ -489,16 +489,31 @@ def test_weight_version_falls_back_to_responses_without_weight_info():
 
 
 def test_weight_version_of_a_server_without_route_or_response_versions():
-    """vLLM 0.25.1: no /weight_info, no version in responses → the version this client finished."""
+    """vLLM 0.25.1: no /weight_info, no version in responses → the version this client finished,
+    on the response too (no update lands during a synchronous rollout); none before any update."""
     body = generate_response([1], version=None)
     fake = FakeVLLM(routes={("GET", "/weight_info"): answer(404, {"detail": "Not Found"}),
                             ("POST", "/inference/v1/generate"): answer(200, body)})
     eng = make(fake)
+    assert run(eng.generate(GenerateRequest([1], dict(SP)))).weight_version is None
     run(eng.start_weight_update())
     run(eng.finish_weight_update(6))
-    assert run(eng.generate(GenerateRequest([1], dict(SP)))).weight_version is None
-    assert eng.behaviour["weight_version"] == "absent"
+    assert run(eng.generate(GenerateRequest([1], dict(SP)))).weight_version == "6"
+    assert eng.behaviour["weight_version"].startswith("absent")
+    assert eng.last_response_version is None  # what the server said: nothing
     assert run(eng.weight_version()) == "6"
+
+
+def test_tokenizer_less_engine_asks_for_token_ids_only():
+    """A server started with --skip-tokenizer-init cannot detokenize: every generate says detokenize false."""
+    body = generate_response([1], version=None)
+    fake = FakeVLLM(routes={("POST", "/inference/v1/generate"): answer(200, body)})
+    eng = make(fake)
+    assert "detokenize" not in eng.generate_payload(GenerateRequest([1], dict(SP)))["sampling_params"]
+    eng.detokenize = False
+    payload = eng.generate_payload(GenerateRequest([1], dict(SP)))
+    assert payload["sampling_params"]["detokenize"] is False
+    assert payload["sampling_params"]["max_tokens"] == SP["max_tokens"]
 
 
 def test_weight_version_other_errors_propagate():

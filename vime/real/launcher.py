@@ -128,6 +128,7 @@ class ServerSpec:
     seed: int | None = None
     served_model_name: str | None = None
     cpu_kvcache_space_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE (CPU builds only)
+    skip_tokenizer_init: bool = False  # a model directory without tokenizer files: token ids in and out
     cuda_visible_devices: str | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -219,6 +220,8 @@ def server_command(spec: ServerSpec, *, python: str = sys.executable,
         argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
     if spec.seed is not None:
         argv += ["--seed", str(spec.seed)]
+    if spec.skip_tokenizer_init:
+        argv.append("--skip-tokenizer-init")
     argv += list(spec.extra_args)
     return argv
 

@@ -21,7 +21,13 @@ from vime.algo.response import parse_generate_response
 from vime.errors import ConfigError
 from vime.protocols import GenerateRequest, GenerateResult
 from vime.real.launcher import Launcher, ManagedProcess, free_ports
-from vime.real.vllm_client import GENERATE_PATH, SESSION_HEADER, VLLMEngine, _decode_generate
+from vime.real.vllm_client import (
+    GENERATE_PATH,
+    SESSION_HEADER,
+    VLLMEngine,
+    _decode_generate,
+    stamp_client_version,
+)
 
 #: Policies of vllm-router 0.1.17 (`vllm-router --help`); vime's config offers a subset.
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two",
@@ -128,7 +134,10 @@ class VLLMRouterClient:
         resp = await via._request("generate", "POST", GENERATE_PATH, json_body=via.generate_payload(request),
                                   headers=self.headers(request))
         data = _decode_generate(resp.content) if resp.content else None
-        return parse_generate_response(via._json("generate", resp) if data is None else data, engine=None)
+        result = parse_generate_response(via._json("generate", resp) if data is None else data, engine=None)
+        if result.weight_version is None:
+            stamp_client_version(result, self.engines)
+        return result
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine, each addressed directly (seed step 28)."""

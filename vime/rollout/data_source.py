@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,10 +47,21 @@ class ByteTokenizer:
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
 
+#: Files one of which a Hugging Face model directory with a tokenizer holds.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(path: str | os.PathLike[str] | None) -> bool:
+    """Whether the model directory `path` carries a tokenizer (a random-weight model built for a
+    benchmark may have none: its prompts are token ids and its responses are not decoded)."""
+    return bool(path) and any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)  # type: ignore[arg-type]
+
+
 def load_tokenizer(args: Any) -> Any:
-    """The tokenizer of ``--hf-checkpoint`` (transformers, imported lazily), or None without one."""
+    """The tokenizer of ``--hf-checkpoint`` (transformers, imported lazily), or None without one
+    (no checkpoint, or a checkpoint directory without tokenizer files)."""
     path = getattr(args, "hf_checkpoint", None)
-    if not path:
+    if not path or (os.path.isdir(path) and not has_tokenizer(path)):
         return None
     try:
         from transformers import AutoTokenizer

@@ -24,7 +24,7 @@ from typing import Any
 import simpy
 
 from vime.errors import SimulationError
-from vime.protocols import ENGINE_TAGS
+from vime.protocols import ENGINE_TAGS, STARTUP_SLEEP_LEVEL
 from vime.sim.engine import NON_DEFERRABLE, EngineSettings, SimEngine
 from vime.sim.hardware import HardwareSpec, load_hardware
 from vime.sim.lengths import LengthSampler
@@ -32,9 +32,6 @@ from vime.sim.memory import SimAllocator, SimCluster, SimGPU, SimHost, SimRecord
 from vime.sim.models import ModelSpec, load_model
 from vime.sim.router import SimRouter
 from vime.sim.trainer import SimTrainer
-
-#: Sleep level of the engines at start-up (seed step 34 uses the same level: weights will be pushed).
-STARTUP_SLEEP_LEVEL = 2
 
 
 @dataclass

@@ -119,7 +119,7 @@ class AccountedNoopOffload:
         self.offloaded_bytes = 0
         self.events: list[str] = []
 
-    def region(self) -> contextlib.AbstractContextManager[None]:
+    def region(self, tag: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def pause(self, nbytes: int) -> None:
@@ -145,13 +145,17 @@ class TorchMemorySaverOffload:
         except ImportError as exc:
             raise TrainerError("offload on GPU needs torch_memory_saver (pip install torch_memory_saver) "
                                "or offload_backend='cumem'") from exc
+        # The "torch" hook plugs into PyTorch's allocator in-process; the default ("preload") needs
+        # LD_PRELOAD of its library in the actor's environment, which a Ray worker does not have.
+        torch_memory_saver.hook_mode = "torch"
         self._tms = torch_memory_saver
         self.paused = False
         self.offloaded_bytes = 0
         self.events: list[str] = []
 
-    def region(self) -> contextlib.AbstractContextManager[None]:
-        return self._tms.region(enable_cpu_backup=True)
+    def region(self, tag: str) -> contextlib.AbstractContextManager[None]:
+        # grads are dropped at sleep (seed step 41): no host copy for them
+        return self._tms.region(tag=tag, enable_cpu_backup=tag != "grads")
 
     def pause(self, nbytes: int) -> None:
         self._tms.pause()
@@ -167,9 +171,10 @@ class TorchMemorySaverOffload:
 
 
 class CuMemOffload:
-    """vime's CuMem allocator (`vime.real.cumem`, GPU): everything the trainer allocates inside
-    `region()` lives in the "params" tag; pause offloads it to persistent pinned host buffers and
-    resume maps it back at the same addresses. Not exercised on CPU (the GPU issue covers it)."""
+    """vime's CuMem allocator (`vime.real.cumem`, GPU): the trainer's state lives in regions of three
+    tags (params, grads, optimizer); pause copies params and optimizer state to persistent pinned host
+    buffers, drops grads, and resume maps all three back at the same addresses. Not exercised on CPU
+    (the GPU issue covers it)."""
 
     name = "cumem"
 
@@ -181,20 +186,25 @@ class CuMemOffload:
         self.offloaded_bytes = 0
         self.events: list[str] = []
 
-    def region(self) -> contextlib.AbstractContextManager[None]:
-        return self._hook.region("params")
+    def region(self, tag: str) -> contextlib.AbstractContextManager[None]:
+        return self._hook.region(tag)
 
     def pause(self, nbytes: int) -> None:
-        self._hook.allocator.pause(["params"])
+        self._hook.allocator.pause(list(OFFLOAD_TAGS))
         self.paused = True
         self.offloaded_bytes = nbytes
         self.events.append("pause")
 
     def resume(self) -> None:
-        self._hook.allocator.resume(["params"])
+        self._hook.allocator.resume(list(OFFLOAD_TAGS))
         self.paused = False
         self.offloaded_bytes = 0
         self.events.append("resume")
+
+
+#: The trainer's offloaded state by tag: module parameters, DDP's gradient buffers (dropped at sleep),
+#: the optimizer's fp32 main parameters and Adam moments.
+OFFLOAD_TAGS = ("params", "grads", "optimizer")
 
 
 def make_offload_backend(name: str) -> Any:
@@ -211,6 +221,27 @@ def make_offload_backend(name: str) -> Any:
     if name == "cumem":
         return CuMemOffload()
     return TorchMemorySaverOffload()
+
+
+def _init_adam_state(optimizer: Any) -> bool:
+    """Create torch Adam's moments now, as its first step would (step 0, zero moments), so they are
+    allocated inside the caller's offload region; returns False when an inner optimizer is not torch's
+    Adam/AdamW (then its first step creates the state)."""
+    inners = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", None) or [optimizer]]
+    if not inners or not all(isinstance(o, torch.optim.Adam | torch.optim.AdamW) for o in inners):
+        return False
+    for inner in inners:
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if inner.state.get(p):
+                    continue
+                state = {"step": torch.tensor(0.0, dtype=torch.float32),
+                         "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+                if group.get("amsgrad"):
+                    state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                inner.state[p] = state
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,15 +358,30 @@ class MegatronActor:
             compat.model_parallel_seed(self.cfg.seed, ps.get_tensor_model_parallel_rank())
             self.tp_rank = ps.get_tensor_model_parallel_rank()
             self.dp_rank = ps.get_data_parallel_rank()
+            if not self.cpu:
+                self._init_communicators(ps)
             self.offload = make_offload_backend(self.cfg.offload_backend)
-            with self.offload.region():
-                self._build()
+            self._build()
             if self.cfg.hf_checkpoint:
                 self.load_hf(self.cfg.hf_checkpoint)
             self.backup_weights()
         return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
                 "setup_s": time.perf_counter() - t0, "params": self.num_params(),
                 "offload_backend": self.offload.name}
+
+    def _init_communicators(self, ps: Any) -> None:
+        """One tiny all-reduce on every group the step uses, now: NCCL creates its communicators (and
+        their device buffers) at the first collective, and a first collective in the middle of the
+        first step, with PyTorch's cache holding the activations, failed on the H200 ("Failed to CUDA
+        calloc async", bench/megatron_step.py)."""
+        import torch.distributed as dist
+
+        groups = [None, ps.get_data_parallel_group(), ps.get_data_parallel_group(with_context_parallel=True),
+                  ps.get_tensor_model_parallel_group(), ps.get_model_parallel_group()]
+        x = torch.zeros(1, device=self._device())
+        for group in {id(g): g for g in groups}.values():
+            dist.all_reduce(x, group=group)
+        torch.cuda.synchronize()
 
     def _build(self) -> None:
         from megatron.core.distributed import (
@@ -349,17 +395,19 @@ class MegatronActor:
         self.tf_config = mmodel.transformer_config(
             self.spec, tp=self.tp, dtype=cfg.torch_dtype, cpu_init=self.cpu,
             calculate_per_token_loss=False)
-        module = mmodel.build_gpt_model(self.spec, self.tf_config)
-        if cfg.torch_dtype != torch.float32:
-            # What Megatron-LM's Float16Module does: the local spec's torch RMSNorm keeps fp32
-            # weights otherwise, and bf16 activations through fp32 norm weights miss the fused kernel.
-            module = module.to(cfg.torch_dtype)
-        if not self.cpu:
-            module = module.cuda()
+        with self.offload.region("params"):
+            module = mmodel.build_gpt_model(self.spec, self.tf_config)
+            if cfg.torch_dtype != torch.float32:
+                # What Megatron-LM's Float16Module does: the local spec's torch RMSNorm keeps fp32
+                # weights otherwise, and bf16 activations through fp32 norm weights miss the fused kernel.
+                module = module.to(cfg.torch_dtype)
+            if not self.cpu:
+                module = module.cuda()
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False,
             use_distributed_optimizer=cfg.use_distributed_optimizer)
-        self.model = DistributedDataParallel(config=self.tf_config, ddp_config=ddp_config, module=module)
+        with self.offload.region("grads"):
+            self.model = DistributedDataParallel(config=self.tf_config, ddp_config=ddp_config, module=module)
         # Without this hook the schedule never reduces gradients across DP ranks, and each rank
         # silently trains on its own partition only (tested in tests/real/megatron).
         self.tf_config.finalize_model_grads_func = finalize_model_grads
@@ -370,7 +418,9 @@ class MegatronActor:
             clip_grad=cfg.clip_grad, bf16=cfg.torch_dtype == torch.bfloat16,
             fp16=cfg.torch_dtype == torch.float16, params_dtype=cfg.torch_dtype,
             use_distributed_optimizer=cfg.use_distributed_optimizer)
-        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        with self.offload.region("optimizer"):
+            self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+            self._adam_state_up_front = _init_adam_state(self.optimizer)
         if cfg.torch_dtype == torch.float16:
             self.tf_config.grad_scale_func = self.optimizer.scale_loss  # fp16 needs the dynamic loss scale
         for group in self.optimizer.param_groups:
@@ -547,8 +597,13 @@ class MegatronActor:
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
                 reduced = self._run_schedule(mbs, False, self._loss)
-                with self.offload.region():  # Adam's moments are created by the first step
+                # The step's temporaries (fp32 grad copies, foreach buffers: 8 B/param) stay outside the
+                # offloaded tags, so a pause never copies them; Adam's moments exist already, unless the
+                # optimizer is not torch's Adam, whose state the first step then creates in its tag.
+                region = contextlib.nullcontext() if self._adam_state_up_front else self.offload.region("optimizer")
+                with region:
                     ok, grad_norm, _ = self.optimizer.step()
+                self._adam_state_up_front = True
                 if not ok:
                     raise TrainerError(f"rank {self.rank}: optimizer step {step} of rollout {rollout_id} "
                                        "was skipped (non-finite gradients)")
@@ -593,6 +648,10 @@ class MegatronActor:
         nbytes = self._state_bytes()
         self.model.zero_grad_buffer()
         self.offload.pause(nbytes)
+        if not self.cpu:
+            # The activations and the optimizer step's temporaries sit in PyTorch's cache outside the
+            # offloaded tags: hand them back too, or the engines' KV cache cannot be mapped again.
+            torch.cuda.empty_cache()
         self._last_offloaded = nbytes
         self.asleep = True
         return {"offloaded_bytes": nbytes, "backend": self.offload.name}

@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# Prepare, here (a machine that reaches PyPI), everything the 8-GPU seed run (issue 9) must carry to
-# the nvidia-h200-x8 machine, which reaches no registry and takes at most 64 MiB per device call:
+# Prepare, here (a machine that reaches PyPI), everything `vime train --backend real` on a lent H200
+# machine (1, 2 or 8 GPUs: scripts/h200_train/run.sh; issue 20) must carry there. That machine reaches no
+# registry and takes at most 64 MiB per device call, so:
 #   1. vLLM 0.25.1 and its missing dependencies: scripts/h200/prepare_vllm.sh -> .gpu/parts/part-a? +
 #      SHA256SUMS (skipped when those parts exist and check; FORCE_VLLM=1 rebuilds them);
-#   2. what the seed run needs beyond vLLM (the image has torch 2.11, transformers, numpy, httpx, aiohttp,
-#      msgpack, protobuf, ... — /work/.library/device/KINDS.md): Ray, vllm-router, megatron-core 0.19.2,
-#      their missing dependencies for CPython 3.12, simpy for `vime simulate`, the zstandard module (the
-#      fallback decompressor of vLLM's parts), and a vime wheel built from the committed HEAD;
-#      -> .gpu/x8/parts/x8-a? + x8.sha256 (plain tar: wheels are compressed already);
-#   3. .gpu/x8/MANIFEST.txt: every wheel with its size, the parts, the total, and the ship order as
+#   2. what the run needs beyond vLLM (the image has torch 2.11, transformers, numpy, httpx, aiohttp,
+#      msgpack, protobuf, cuda-bindings ... — /work/.library/device/KINDS.md): Ray, vllm-router,
+#      megatron-core 0.16.1 (the version CI's CPU tests drive), torch_memory_saver (the comparison
+#      offload backend), their missing dependencies for CPython 3.12, simpy for `vime simulate`, the
+#      zstandard module (the fallback decompressor of vLLM's parts) -> .gpu/train/parts/tr-a? + tr.sha256;
+#   3. .gpu/train/MANIFEST.txt: every wheel with its size, the parts, the total, and the ship order as
 #      device calls (parts packed into calls under the 64 MiB limit, after the working tree's size).
-# The model is not shipped: scripts/h200x8/seed_model.py builds it on the machine in seconds (0.9 GB).
-#   bash scripts/h200x8/prepare.sh            # then follow .gpu/x8/MANIFEST.txt (also printed)
-#   bash scripts/h200x8/prepare.sh --list     # only print the pinned requirements
+# vime itself is not packed: the checkout travels with every device call and runs from there
+# (PYTHONPATH), so no wheel is built (building one needs the `wheel` package, absent on a fresh machine).
+# The models are not shipped: scripts/h200_train/seed_model.py builds them on the machine in seconds.
+#   bash scripts/h200_train/prepare.sh                  # then follow .gpu/train/MANIFEST.txt (also printed)
+#   bash scripts/h200_train/prepare.sh --list           # only print the pinned requirements
+#   KIND=nvidia-h200-x8 bash scripts/h200_train/prepare.sh   # the kind written into the printed calls
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-X=.gpu/x8
+X=.gpu/train
 # One version each; `pip download --no-deps` below fetches exactly these (their own needs are listed
 # here or already on the machine's image).
 EXTRA_REQS=(
   ray==2.60.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
   vllm-router==0.1.17 setproctitle==1.3.8 orjson==3.13.0
-  megatron-core==0.19.2
+  megatron-core==0.16.1 torch_memory_saver==0.0.10
   simpy==4.1.2
   zstandard==0.25.0
 )
@@ -54,13 +58,6 @@ for req in reqs:
         sys.exit(f"prepare: expected one wheel for {req} in {src}, found {[h.name for h in hits]}")
     shutil.copy2(hits[0], dst / hits[0].name)
 PY
-# vime from the committed HEAD (not the shared working tree, where others' edits are in progress)
-rm -rf $X/vime-src && mkdir -p $X/vime-src
-git archive HEAD | tar xf - -C $X/vime-src
-python3 -m pip wheel -q --no-deps --no-build-isolation -w $X/stage/wheels $X/vime-src
-git rev-parse HEAD > $X/stage/VIME_COMMIT
-rm -rf $X/vime-src
-
 # one version of each distribution across vLLM's set and this one (two would stop the install)
 python3 - .gpu/vllm-wheels $X/stage/wheels <<'PY'
 import re, sys
@@ -69,31 +66,32 @@ from pathlib import Path
 names = [re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower() for d in sys.argv[1:] for w in Path(d).glob("*.whl")]
 dup = [n for n, c in Counter(names).items() if c > 1]
 if dup:
-    sys.exit(f"prepare: more than one wheel of {dup} across vLLM's set and the x8 set")
+    sys.exit(f"prepare: more than one wheel of {dup} across vLLM's set and the run's set")
 PY
 
-bash scripts/h200x8/parts.sh pack $X/stage $X/parts x8 >/dev/null
+bash scripts/h200_train/parts.sh pack $X/stage $X/parts tr >/dev/null
 
 # 3. manifest and ship order -------------------------------------------------------------------------
 tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-python3 - "$tree_bytes" > $X/MANIFEST.txt <<'PY'
+python3 - "$tree_bytes" "${KIND:-nvidia-h200}" > $X/MANIFEST.txt <<'PY'
 """Sizes of everything that travels, and the device calls that carry it (first-fit decreasing)."""
 import sys
 from pathlib import Path
 MiB = 1 << 20
 tree = int(sys.argv[1])
+kind = sys.argv[2]
 budget = 64 * MiB - tree - 1 * MiB  # the call's limit covers the working tree too; 1 MiB margin
 print("wheels (MB = 10^6 bytes)")
 total_wheels = 0
 for d, label in ((Path(".gpu/vllm-wheels"), "vLLM set (scripts/h200/prepare_vllm.sh; FA2 kernels dropped, zstd)"),
-                 (Path(".gpu/x8/stage/wheels"), "x8 set (plain tar)")):
+                 (Path(".gpu/train/stage/wheels"), "the run's set (plain tar)")):
     print(f"  {label}")
     for w in sorted(d.glob("*.whl")):
         total_wheels += w.stat().st_size
         print(f"    {w.stat().st_size / 1e6:9.2f}  {w.name}")
 print(f"  all wheels: {total_wheels / 1e6:.1f} MB")
-parts = sorted(Path(".gpu/parts").glob("part-*")) + sorted(Path(".gpu/x8/parts").glob("x8-*"))
-sums = {p: (Path(".gpu/parts/SHA256SUMS") if p.name.startswith("part-") else Path(".gpu/x8/parts/x8.sha256"))
+parts = sorted(Path(".gpu/parts").glob("part-*")) + sorted(Path(".gpu/train/parts").glob("tr-*"))
+sums = {p: (Path(".gpu/parts/SHA256SUMS") if p.name.startswith("part-") else Path(".gpu/train/parts/tr.sha256"))
         for p in parts}
 print("parts")
 for p in parts:
@@ -114,8 +112,8 @@ print(f"ship order (back to back: the machine keeps /tmp only while warm, 30 s a
 for i, c in enumerate(calls, 1):
     carry = [str(q) for q in c]
     carry += sorted({str(sums[q]) for q in c})
-    cmd = "bash scripts/h200x8/run_seed.sh prep" if i == len(calls) else "bash scripts/h200x8/ship.sh"
-    print(f'  {i}. run(kind="nvidia-h200-x8", command="{cmd}", carry={carry!r}, timeout_s=300)')
-print(f'  {len(calls) + 1}. run(kind="nvidia-h200-x8", command="bash scripts/h200x8/run_seed.sh run", timeout_s=600)')
+    cmd = "bash scripts/h200_train/run.sh prep" if i == len(calls) else "bash scripts/h200_train/ship.sh"
+    print(f'  {i}. run(kind="{kind}", command="{cmd}", carry={carry!r}, timeout_s=300)')
+print(f'  {len(calls) + 1}. run(kind="{kind}", command="GPUS=... MODEL=... bash scripts/h200_train/run.sh run", timeout_s=600)')
 PY
 cat $X/MANIFEST.txt

@@ -2,11 +2,11 @@
 
 Two commands:
 
-    ... vime train --json | python scripts/h200x8/compare.py stamp > train.jsonl
+    ... vime train --json | python scripts/h200_train/compare.py stamp > train.jsonl
         copies stdin to stdout, adding ``wall_time`` (epoch seconds) to every JSON object line, so
         steps can be matched to the GPU-memory samples taken meanwhile;
 
-    python scripts/h200x8/compare.py compare --train train.jsonl --sim sim.json [--mem gpu_mem.csv]
+    python scripts/h200_train/compare.py compare --train train.jsonl --sim sim.json [--mem gpu_mem.csv]
         [--out compare.json] [--mem-tolerance-mib 1024]
         prints a table and writes JSON: for start-up and for each phase of each step, measured and
         predicted seconds and ``error_pct = 100 * (predicted - measured) / measured``; the same for

@@ -1,10 +1,11 @@
-"""CPU checks of the 8-GPU seed run's plan (issue 9): its arguments, the simulator's prediction, compare.py, the parts."""
+"""CPU checks of the H200 train runs' plan (issues 9, 20): the arguments for 1 and 8 GPUs, the simulator's prediction, compare.py, the parts."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,12 +17,14 @@ import pytest
 from vime.cli import main as vime_main
 
 ROOT = Path(__file__).resolve().parents[1]
-X8 = ROOT / "scripts" / "h200x8"
+X8 = ROOT / "scripts" / "h200_train"
+#: (GPUS, MODEL, expected (TP, GPUs per engine, DP, engines)): the 8-GPU seed layout and issue 20's one H200
+LAYOUTS = {"8g-seed": ("8", "seed", (2, 2, 4, 4)), "1g-4b": ("1", "qwen3-4b", (1, 1, 1, 1))}
 PHASES = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"h200x8_{name}", X8 / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"h200_train_{name}", X8 / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -31,25 +34,36 @@ def _load(name: str):
 compare_mod = _load("compare")
 
 
-def _lines(*args: str) -> list[str]:
-    out = subprocess.run(["bash", str(X8 / "run_seed.sh"), *args], capture_output=True, text=True, check=True,
-                         timeout=60)
+def _lines(*args: str, gpus: str = "8", model: str = "seed") -> list[str]:
+    out = subprocess.run(["bash", str(X8 / "run.sh"), *args], capture_output=True, text=True, check=True,
+                         timeout=60, env={**os.environ, "GPUS": gpus, "MODEL": model})
     return out.stdout.splitlines()
 
 
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> tuple[str, str, tuple[int, int, int, int]]:
+    return LAYOUTS[request.param]
+
+
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The seed model's config.json (no weights: enough for --dry-run and the simulator)."""
+def model_dir(layout: tuple[str, str, tuple[int, ...]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run model's config.json (no weights: enough for --dry-run and the simulator)."""
     seed_model = _load("seed_model")
-    d = tmp_path_factory.mktemp("seed-model")
-    seed_model.write_config(d)
+    d = tmp_path_factory.mktemp("model")
+    if layout[1] == "seed":
+        seed_model.write_config(d)
+    else:
+        seed_model.write_body_config(d, layout[1])
     return d
 
 
 @pytest.fixture(scope="module")
-def planned(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
+def planned(layout: tuple[str, str, tuple[int, ...]], model_dir: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
     prompts = tmp_path_factory.mktemp("prompts") / "toy.jsonl"
-    return _lines("--print-args", str(model_dir), str(prompts)), _lines("--print-train-only")
+    gpus, model, _ = layout
+    return (_lines("--print-args", str(model_dir), str(prompts), gpus=gpus, model=model),
+            _lines("--print-train-only", gpus=gpus, model=model))
 
 
 def _run_cli(argv: list[str]) -> tuple[int, str]:
@@ -70,7 +84,8 @@ def prediction(planned: tuple[list[str], list[str]]) -> dict:
     return json.loads(out)
 
 
-def test_train_accepts_the_planned_arguments_and_resolves_the_seed_layout(planned: tuple[list[str], list[str]]) -> None:
+def test_train_accepts_the_planned_arguments_and_resolves_the_layout(
+        planned: tuple[list[str], list[str]], layout: tuple[str, str, tuple[int, int, int, int]]) -> None:
     shared, train_only = planned
     rc, out = _run_cli(["train", "--backend", "real", *shared, *train_only, "--dry-run"])
     assert rc == 0
@@ -78,10 +93,12 @@ def test_train_accepts_the_planned_arguments_and_resolves_the_seed_layout(planne
     gpus = int(_opt(shared, "--actor-num-gpus-per-node"))
     tp = int(_opt(shared, "--tensor-model-parallel-size"))
     per_engine = int(_opt(shared, "--rollout-num-gpus-per-engine"))
-    assert (gpus, tp, per_engine) == (8, 2, 2)
+    want_tp, want_per_engine, want_dp, want_engines = layout[2]
+    assert (gpus, tp, per_engine) == (int(layout[0]), want_tp, want_per_engine)
     assert cfg["backend"] == "real" and cfg["colocate"] and cfg["offload_train"] and cfg["offload_rollout"]
-    assert cfg["actor_num_gpus"] == gpus and cfg["data_parallel_size"] == gpus // tp == 4
-    assert cfg["rollout_num_engines"] == int(_opt(shared, "--rollout-num-gpus")) // per_engine == 4
+    assert cfg["actor_num_gpus"] == gpus and cfg["data_parallel_size"] == gpus // tp == want_dp
+    assert cfg["rollout_num_engines"] == int(_opt(shared, "--rollout-num-gpus")) // per_engine == want_engines
+    assert cfg["train_offload_backend"] == "cumem"
     assert cfg["samples_per_rollout"] == int(_opt(shared, "--rollout-batch-size")) * int(
         _opt(shared, "--n-samples-per-prompt")) == 32 * 8
     assert cfg["rollout_max_response_len"] == 1024 and cfg["advantage_estimator"] == "grpo"
@@ -89,14 +106,16 @@ def test_train_accepts_the_planned_arguments_and_resolves_the_seed_layout(planne
     assert cfg["custom_rm_path"] == _opt(train_only, "--custom-rm-path")
 
 
-def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict, model_dir: Path) -> None:
+def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict, model_dir: Path,
+                                                               layout: tuple[str, str, tuple[int, ...]]) -> None:
     profile = json.loads((ROOT / "bench/data/H200-141G-measured.json").read_text())
     assert prediction["schema"] == "vime.simulate/1"
     assert prediction["hardware"]["name"] == profile["name"]
     model = json.loads((model_dir / "config.json").read_text())
     assert prediction["model"]["layers"] == model["num_hidden_layers"]
     assert prediction["model"]["hidden_size"] == model["hidden_size"]
-    assert prediction["config"]["data_parallel_size"] == 4 and prediction["config"]["rollout_num_engines"] == 4
+    assert prediction["config"]["data_parallel_size"] == layout[2][2]
+    assert prediction["config"]["rollout_num_engines"] == layout[2][3]
     assert [s["rollout_id"] for s in prediction["steps"]] == [0, 1, 2]
     for step in prediction["steps"]:
         assert set(step["phases"]) == set(PHASES)
@@ -193,7 +212,8 @@ def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tu
     (tmp_path / "train.jsonl").write_text(stamped.stdout)
     (tmp_path / "sim.json").write_text(json.dumps(prediction))
     steps = [json.loads(x) for x in stamped.stdout.splitlines() if '"event": "step"' in x]
-    samples = _mem_samples(steps, 8, lambda g, i: 5000, lambda g, i: 5000)
+    gpus = int(_opt(planned[0], "--actor-num-gpus-per-node"))
+    samples = _mem_samples(steps, gpus, lambda g, i: 5000, lambda g, i: 5000)
     (tmp_path / "mem.csv").write_text("".join(f"{t},{g},{u}\n" for g, rows in samples.items() for t, u in rows)
                                       + "garbage line\n")
     res = subprocess.run([sys.executable, str(X8 / "compare.py"), "compare", "--train", str(tmp_path / "train.jsonl"),
@@ -204,7 +224,7 @@ def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tu
     for s in doc["steps"]:
         for ph in PHASES:
             assert abs(s["phases"][ph]["error_pct"]) < 0.01  # simulate rounds phases to 1 µs
-    assert set(doc["memory"]["gpus"]) == {str(g) for g in range(8)}
+    assert set(doc["memory"]["gpus"]) == {str(g) for g in range(gpus)}
     predicted_peak = {str(g["gpu"]): g["peak_gib"] * 1024 for g in prediction["memory"]["gpus"]}
     for gpu, row in doc["memory"]["gpus"].items():
         assert row["peak_error_pct"] == pytest.approx(100 * (predicted_peak[gpu] - 5000) / 5000)
@@ -284,3 +304,33 @@ def test_seed_model_config_is_what_the_builder_writes(tmp_path: Path) -> None:
     tok = Tokenizer.from_file(str(tmp_path / "m" / "tokenizer.json"))
     assert tok.get_vocab_size() == full["vocab_size"]  # every id the toy task or the model emits decodes
     assert tok.token_to_id("<|endoftext|>") == full["eos_token_id"]
+
+
+@pytest.mark.parametrize("preset,real", [("qwen3-4b", "Qwen3-4B"), ("qwen3-0.6b", "Qwen3-0.6B")])
+def test_body_presets_are_the_real_models_shapes(preset: str, real: str, tmp_path: Path) -> None:
+    """The tokenizer-less random bodies have the real models' shapes (so the simulator's preset and the
+    config.json the run loads describe the same model), and a built body loads into vime's Megatron mapping."""
+    from vime.sim.models import load_model
+
+    seed_model = _load("seed_model")
+    ours = load_model(seed_model.write_body_config(tmp_path / preset, preset))
+    ref = load_model(real)
+    for field in ("num_layers", "hidden_size", "vocab_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads"):
+        assert getattr(ours, field) == getattr(ref, field), field
+    assert ours.num_params() == ref.num_params()
+
+
+def test_a_built_body_loads_into_the_megatron_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("megatron.core")
+    from vime.real.megatron import model as mmodel
+    from vime.rollout.data_source import has_tokenizer
+
+    seed_model = _load("seed_model")
+    monkeypatch.setitem(seed_model.BODIES, "tiny", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                        num_attention_heads=2, num_key_value_heads=1, head_dim=32))
+    d = seed_model.build_body(tmp_path / "m", "tiny")
+    assert json.loads((d / "config.json").read_text()) == seed_model.body_config("tiny")
+    assert not has_tokenizer(d) and not (d / "generation_config.json").exists()
+    spec = mmodel.spec_from_hf_config(mmodel.load_hf_config(str(d)))
+    full = mmodel.hf_to_megatron(spec, mmodel.read_hf_safetensors(str(d)), tp=1)
+    assert any("embedding" in name for name in full) and len(full) > 5

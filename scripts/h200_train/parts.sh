@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Split a folder into <= 60 MiB parts with a checksum list, and join them back (issue 9).
+# Split a folder into <= 60 MiB parts with a checksum list, and join them back (issues 9, 20).
 # One device call carries at most 64 MiB, so what must travel goes as parts, one or two per call.
-#   bash scripts/h200x8/parts.sh pack   SRC_DIR PARTS_DIR PREFIX [BYTES]   tar of SRC_DIR's contents -> PREFIX-aa, -ab ...
-#   bash scripts/h200x8/parts.sh verify PARTS_DIR PREFIX                   every listed part present, sums right
-#   bash scripts/h200x8/parts.sh unpack PARTS_DIR PREFIX DEST              verify, then join and untar into DEST
+#   bash scripts/h200_train/parts.sh pack   SRC_DIR PARTS_DIR PREFIX [BYTES]   tar of SRC_DIR's contents -> PREFIX-aa, -ab ...
+#   bash scripts/h200_train/parts.sh verify PARTS_DIR PREFIX                   every listed part present, sums right
+#   bash scripts/h200_train/parts.sh unpack PARTS_DIR PREFIX DEST              verify, then join and untar into DEST
 # PREFIX.sha256 lists every part, so a part that never arrived is an error, not silently skipped.
 set -euo pipefail
 cmd=${1:?usage: parts.sh pack|verify|unpack ...}

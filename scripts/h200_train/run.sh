@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# `vime train --backend real` on a lent H200 machine of 1, 2 or 8 GPUs, then `vime simulate` with the same
+# arguments on the measured H200 profile, and the error per phase (issues 9, 20). One recipe for any GPU
+# count: the same parts (scripts/h200_train/prepare.sh), the layout from GPUS.
+#   bash scripts/h200_train/run.sh prep     after the shipping calls (this call carries the last parts): check
+#                                           and unpack the parts, install to /tmp/site and /tmp/vllm/site, build
+#                                           the models and the prompts, the GPU unit tests, `--dry-run`
+#   bash scripts/h200_train/run.sh run      (prep first if not done) one training run with nvidia-smi memory
+#                                           sampled every 0.5 s, then `vime simulate` with the same arguments,
+#                                           then compare.py; results in $OUT/$TAG.tgz + $OUT/$TAG.txt
+#   bash scripts/h200_train/run.sh --print-args [MODEL_DIR PROMPTS]   the arguments train and simulate share,
+#   bash scripts/h200_train/run.sh --print-train-only                  and those only `vime train` gets (one a line)
+# Knobs (environment):
+#   GPUS        1 | 2 | 8 (default 1): colocated on all of them; trainer TP = GPUS for 1-2 GPUs, TP 2 x DP 4 on
+#               8 (the seed's layout); one engine per TP group of GPUs
+#   MODEL       qwen3-4b (default) | qwen3-0.6b: the real shapes, 151 936-token vocabulary, no tokenizer;
+#               seed: the 0.45 B model with an 8192-token tokenizer (scripts/h200_train/seed_model.py)
+#   OFFLOAD     cumem (default) | torch_memory_saver: --train-offload-backend
+#   MBS         --micro-batch-size (default 4 for qwen3-4b, else 8: 8 x 1152 tokens of the 4B model do not
+#               fit beside its state, the simulator says so)
+#   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
+#   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
+# Output ($OUT): $TAG.txt (compare's table and the run's last log lines) and $TAG.tgz with train.jsonl (the
+# JSON step reports, with wall_time), train_stderr.log, gpu_mem.csv (epoch,gpu,used MiB), sim.json,
+# compare.json, the server/router log tails; prep writes prep.txt.
+set -u
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+W=/tmp/vime-train
+PROMPT_LEN=128
+GPUS=${GPUS:-1}
+MODEL=${MODEL:-qwen3-4b}
+OFFLOAD=${OFFLOAD:-cumem}
+NUM_ROLLOUT=${NUM_ROLLOUT:-3}
+case "$MODEL" in
+  qwen3-4b) MBS=${MBS:-4}; VOCAB=151936 ;;
+  qwen3-0.6b) MBS=${MBS:-8}; VOCAB=151936 ;;
+  seed) MBS=${MBS:-8}; VOCAB=8192 ;;
+  *) echo "MODEL=$MODEL: use qwen3-4b, qwen3-0.6b or seed" >&2; exit 2 ;;
+esac
+case "$GPUS" in
+  1) TP=1 ;;
+  2) TP=2 ;;
+  8) TP=2 ;;
+  *) echo "GPUS=$GPUS: use 1, 2 or 8" >&2; exit 2 ;;
+esac
+TAG=${TAG:-$MODEL-$OFFLOAD-${GPUS}g}
+MODEL_DIR=$W/models/$MODEL
+PROMPTS=$W/toy-$VOCAB.jsonl
+
+# The run: colocated on every GPU, trainer TP x DP, one vLLM engine per TP group behind vllm-router, GRPO,
+# 32 prompts x 8 samples, responses <= 1024 tokens, CUDA-IPC weight sync. The simulator-only flags (--model,
+# --hardware, --*-length) describe the same run to `vime simulate`; a random model rarely samples EOS (and a
+# tokenizer-less one has none), so responses are modelled at the cap.
+run_args() {
+  ARGS=(
+    --colocate --actor-num-nodes 1 --actor-num-gpus-per-node "$GPUS"
+    --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size 1 --context-parallel-size 1
+    --rollout-num-gpus "$GPUS" --rollout-num-gpus-per-engine "$TP"
+    --rollout-batch-size 32 --n-samples-per-prompt 8
+    --rollout-max-prompt-len 512 --rollout-max-response-len 1024 --rollout-max-context-len 4096
+    --advantage-estimator grpo --num-rollout "$NUM_ROLLOUT" --micro-batch-size "$MBS" --seed 1
+    --update-weight-mode tensor --train-offload-backend "$OFFLOAD"
+    --hf-checkpoint "$1" --prompt-data "$2"
+    --model "$1/config.json" --hardware "$REPO/bench/data/H200-141G-measured.json"
+    --prompt-length "fixed:$PROMPT_LEN" --response-length fixed:1024
+    --json
+  )
+  # shellcheck disable=SC2206  # EXTRA_ARGS is a flag list by design
+  [ -n "${EXTRA_ARGS:-}" ] && ARGS+=(${EXTRA_ARGS})
+  # The toy task's reward reads each prompt's label; the simulator's synthetic prompts have none (and it
+  # models the reward's time, not its value), so only `vime train` gets it.
+  TRAIN_ONLY=(--custom-rm-path vime.rollout.toy_task.target_fraction_reward)
+  return 0
+}
+
+if [ "${1:-}" = "--print-args" ] || [ "${1:-}" = "--print-train-only" ]; then
+  run_args "${2:-$MODEL_DIR}" "${3:-$PROMPTS}"
+  if [ "$1" = "--print-args" ]; then printf '%s\n' "${ARGS[@]}"; else printf '%s\n' "${TRAIN_ONLY[@]}"; fi
+  exit 0
+fi
+
+export PYTHONUNBUFFERED=1
+export OUT=${OUT:-/tmp/vime-out}
+mkdir -p "$OUT" $W
+# Never NVLink multicast on these hosts (KINDS.md); vLLM 0.25.1 without flashinfer (shared/device/vllm-0.25.1-h200.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 VLLM_FLASH_ATTN_VERSION=3 VLLM_SERVER_DEV_MODE=1
+export VIME_VLLM_START_TIMEOUT=${VIME_VLLM_START_TIMEOUT:-360}
+export PATH=/tmp/site/bin:$PATH
+# vime runs from the checkout that travels with the call; /tmp/site before /tmp/vllm/site: the real ray
+# there, not prepare_vllm.sh's stand-in
+export PYTHONPATH=$REPO:/tmp/site:/tmp/vllm/site
+
+prep() {
+  local t0; t0=$(date +%s)
+  bash scripts/h200_train/ship.sh || return 3
+  nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
+  bash scripts/h200_train/parts.sh verify /tmp/trparts tr || return 3
+  if [ ! -f /tmp/site/.tr-wheels-ok ]; then
+    bash scripts/h200_train/parts.sh unpack /tmp/trparts tr $W/stage || return 3
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      $W/stage/wheels/*.whl || { echo "WHEEL INSTALL FAILED"; return 4; }
+    touch /tmp/site/.tr-wheels-ok
+  fi
+  echo "vime checkout $(git rev-parse HEAD 2>/dev/null) $(git status --short 2>/dev/null | wc -l) changed files"
+  # shellcheck source=../h200/unpack_vllm.sh
+  source scripts/h200/unpack_vllm.sh || return $?
+  for m in ${PREP_MODELS:-qwen3-0.6b qwen3-4b}; do
+    if [ ! -f $W/models/$m/config.json ] || ! ls $W/models/$m/*.safetensors >/dev/null 2>&1; then
+      local t1; t1=$(date +%s)
+      if [ "$m" = seed ]; then python3 scripts/h200_train/seed_model.py build $W/models/$m || return 5
+      else python3 scripts/h200_train/seed_model.py build $W/models/$m --preset $m || return 5; fi
+      echo "built $m in $(( $(date +%s) - t1 )) s: $(du -sh $W/models/$m | cut -f1)"
+    fi
+  done
+  for v in 151936 8192; do
+    [ -f $W/toy-$v.jsonl ] || python3 -m vime.rollout.toy_task $W/toy-$v.jsonl --vocab-size $v --num-prompts 256 \
+      --prompt-len $PROMPT_LEN || return 5
+  done
+  python3 -c "
+import torch, vllm, ray, megatron.core, vime, simpy, torch_memory_saver
+n = torch.cuda.device_count()
+assert n >= $GPUS, f'{n} GPUs, need $GPUS'
+print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'megatron-core',
+      megatron.core.__version__, 'vime', vime.__file__, 'gpus', n)" || return 6
+  vllm-router --help >/dev/null || { echo "vllm-router does not run"; return 6; }
+  # The GPU unit tests (one in-process Megatron rank with the CuMem allocator, the allocator, IPC export):
+  # minutes cheaper to fail here than inside the run.
+  timeout 240 python3 -m pytest -c scripts/h200/pytest-gpu.ini --rootdir . -m gpu -q -x \
+    tests/real/megatron/test_megatron_actor_gpu.py tests/real/test_cumem_gpu.py tests/real/test_ipc_weights_gpu.py \
+    2>&1 | tail -15
+  run_args $MODEL_DIR $PROMPTS
+  python3 -m vime.cli train --backend real "${ARGS[@]}" "${TRAIN_ONLY[@]}" --dry-run > "$OUT/dry_run.json" || return 7
+  touch $W/.prep-ok
+  echo "prep done in $(( $(date +%s) - t0 )) s"
+}
+
+run() {
+  [ -f $W/.prep-ok ] || prep || return $?
+  run_args $MODEL_DIR $PROMPTS
+  local R=$W/runs/$TAG
+  rm -rf "$R" && mkdir -p "$R/logs"
+  export VIME_LOG_DIR=$R/logs
+  (while :; do
+     t=$(date +%s.%N)
+     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
+     sleep 0.5
+   done) > "$R/gpu_mem.csv" 2>/dev/null &
+  local sampler=$!
+  echo "+ vime train --backend real ${ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
+  set -o pipefail
+  timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${ARGS[@]}" "${TRAIN_ONLY[@]}" \
+     2> "$R/train_stderr.log" | python3 scripts/h200_train/compare.py stamp | tee "$R/train.jsonl"
+  local rc=$?
+  set +o pipefail
+  kill $sampler 2>/dev/null
+  echo "vime train exit $rc"
+  python3 -m vime.cli simulate "${ARGS[@]}" > "$R/sim.json" || echo "vime simulate failed"
+  {
+    echo "$TAG: vime train exit $rc"
+    python3 scripts/h200_train/compare.py compare --train "$R/train.jsonl" --sim "$R/sim.json" \
+      --mem "$R/gpu_mem.csv" --out "$R/compare.json"
+    echo "--- last lines of train_stderr.log"
+    grep -v "^\s*$" "$R/train_stderr.log" | tail -n 40
+  } > "$OUT/$TAG.txt" 2>&1
+  cat "$OUT/$TAG.txt"
+  for f in "$R"/logs/*; do [ -f "$f" ] && tail -c 3000000 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
+  tail -c 8000000 "$R/train_stderr.log" > "$R/t" && mv "$R/t" "$R/train_stderr.log"
+  tar czf "$OUT/$TAG.tgz" -C $W/runs "$TAG"
+  nvidia-smi --query-gpu=index,memory.used --format=csv
+  return $rc
+}
+
+case "${1:-run}" in
+  prep) prep 2>&1 | tee "$OUT/prep.txt"; exit "${PIPESTATUS[0]}" ;;
+  run) run ;;
+  all) prep && run ;;
+  *) echo "usage: run.sh prep|run|all|--print-args|--print-train-only [MODEL_DIR PROMPTS]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,157 @@
+"""The random-weight models of the H200 train runs (issues 9, 20), built where they run: shipping 1-8 GB would cost more device calls than the run.
+
+Presets (``--preset``):
+
+- ``seed`` (default): a Qwen3 with Qwen3-0.6B's body and an 8192-token vocabulary, from
+  `vime.real.tiny_model` with a tokenizer trained on 60 000 corpus lines so that it really has 8192
+  tokens (every id a random model samples or the toy task puts in a prompt decodes); 0.45 B params.
+- ``qwen3-4b`` / ``qwen3-0.6b``: the real models' shapes, full 151 936-token vocabulary, tied
+  embeddings, no tokenizer (vime then serves token ids only: ``--skip-tokenizer-init``). The
+  config.json is written here from a fixed dict, so the file `vime simulate` reads for the
+  prediction (made on a CPU) is byte-identical to the one the run loads; the weights are drawn by
+  transformers' Qwen3 initialisation on the GPU, in bf16.
+
+    python scripts/h200_train/seed_model.py build DIR [--preset P]    # the whole model directory
+    python scripts/h200_train/seed_model.py config DIR [--preset P]   # config.json only, for `vime simulate --model`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3  # noqa: E402
+
+SPEC = TinyModelSpec(vocab_size=8192, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+                     tie_word_embeddings=True, dtype="bfloat16", seed=0, corpus_lines=60000)
+
+#: Special-token ids of the tokenizer `build_tiny_qwen3` trains: its specials come first, in order.
+EOS_ID = 0
+PAD_ID = 3
+
+
+def _qwen3_config(spec: TinyModelSpec) -> object:
+    import torch
+    from transformers import Qwen3Config
+
+    vocab = -(-spec.vocab_size // 64) * 64
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                      num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+                      num_key_value_heads=spec.num_key_value_heads, head_dim=spec.head_dim,
+                      max_position_embeddings=spec.max_position_embeddings,
+                      tie_word_embeddings=spec.tie_word_embeddings, bos_token_id=EOS_ID, eos_token_id=EOS_ID,
+                      pad_token_id=PAD_ID, **spec.extra_config)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    cfg.dtype = getattr(torch, spec.dtype)
+    return cfg
+
+
+def write_config(path: str | Path, spec: TinyModelSpec = SPEC) -> Path:
+    """Write the config.json `build_tiny_qwen3(spec)` writes, without building weights (for the simulator).
+
+    Assumes the tokenizer reaches ``spec.vocab_size`` (true for SPEC; tests compare against a
+    real build of a one-layer variant).
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    _qwen3_config(spec).save_pretrained(out)  # type: ignore[attr-defined]
+    return out / "config.json"
+
+
+def hf_config(spec: TinyModelSpec = SPEC) -> dict:
+    """`write_config`'s content as a dict (transformers_version dropped)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = json.loads(write_config(d, spec).read_text())
+    cfg.pop("transformers_version", None)
+    return cfg
+
+
+#: The real Qwen3 bodies (Hugging Face's Qwen3-4B and Qwen3-0.6B config.json values).
+BODIES: dict[str, dict[str, int]] = {
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128),
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128),
+}
+PRESETS = ("seed", *BODIES)
+
+
+def body_config(preset: str) -> dict:
+    """config.json of a ``qwen3-*`` preset (no tokenizer, so no special-token ids)."""
+    if preset not in BODIES:
+        raise SystemExit(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, **BODIES[preset],
+            "hidden_act": "silu", "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+            "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
+            "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True}
+
+
+def write_body_config(path: str | Path, preset: str) -> Path:
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(body_config(preset), indent=2, sort_keys=True) + "\n")
+    return out / "config.json"
+
+
+def build_body(path: str | Path, preset: str, seed: int = 0) -> Path:
+    """Random bf16 weights of a ``qwen3-*`` preset drawn on the GPU, saved as safetensors beside our config.json."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg_dict = body_config(preset)
+    out = Path(path)
+    cfg = Qwen3Config(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    torch.manual_seed(seed)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.save_pretrained(str(out), safe_serialization=True)
+    for extra in ("generation_config.json",):  # the server would take its stop ids from it: there are none
+        (out / extra).unlink(missing_ok=True)
+    write_body_config(out, preset)  # ours, not transformers' serialisation of it
+    n = sum(p.numel() for p in model.parameters())
+    (out / "vime_model.json").write_text(json.dumps({"preset": preset, "params": n, "seed": seed}) + "\n")
+    return out
+
+
+def one_layer(spec: TinyModelSpec = SPEC) -> TinyModelSpec:
+    """SPEC with one layer: cheap to build for checks of everything but depth."""
+    return replace(spec, num_hidden_layers=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("build", "config"))
+    ap.add_argument("dir")
+    ap.add_argument("--preset", choices=PRESETS, default="seed")
+    a = ap.parse_args(argv)
+    if a.preset != "seed":
+        print(build_body(a.dir, a.preset) if a.what == "build" else write_body_config(a.dir, a.preset))
+        return 0
+    if a.what == "build":
+        path = build_tiny_qwen3(a.dir, SPEC)
+        vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+        if vocab != hf_config()["vocab_size"]:
+            print(f"built vocab {vocab} != planned {hf_config()['vocab_size']}", file=sys.stderr)
+            return 1
+        print(path)
+    else:
+        print(write_config(a.dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
