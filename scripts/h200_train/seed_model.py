@@ -118,12 +118,34 @@ def build_body(path: str | Path, preset: str, seed: int = 0) -> Path:
             model = Qwen3ForCausalLM(cfg)
     finally:
         torch.set_default_dtype(torch.float32)
+    # Draw every weight ourselves (normal, std initializer_range; norms at 1): transformers' own init is
+    # version-dependent, and a zero embedding makes a uniform, gradient-free policy.
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if name.endswith("norm.weight"):
+                prm.fill_(1.0)
+            else:
+                prm.normal_(0.0, cfg_dict["initializer_range"], generator=gen)
     model.save_pretrained(str(out), safe_serialization=True)
     for extra in ("generation_config.json",):  # the server would take its stop ids from it: there are none
         (out / extra).unlink(missing_ok=True)
     write_body_config(out, preset)  # ours, not transformers' serialisation of it
     n = sum(p.numel() for p in model.parameters())
     (out / "vime_model.json").write_text(json.dumps({"preset": preset, "params": n, "seed": seed}) + "\n")
+    return out
+
+
+def weight_stats(path: str | Path) -> dict[str, float]:
+    """Standard deviation of a few weights of a built model (0 means an uninitialised model)."""
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                if k.endswith(("embed_tokens.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight")):
+                    out[k] = float(st.get_tensor(k).float().std())
     return out
 
 
@@ -134,10 +156,14 @@ def one_layer(spec: TinyModelSpec = SPEC) -> TinyModelSpec:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("build", "config"))
+    ap.add_argument("what", choices=("build", "config", "check"))
     ap.add_argument("dir")
     ap.add_argument("--preset", choices=PRESETS, default="seed")
     a = ap.parse_args(argv)
+    if a.what == "check":
+        stats = weight_stats(a.dir)
+        print(json.dumps(stats))
+        return 0 if stats and min(stats.values()) > 1e-3 else 1
     if a.preset != "seed":
         print(build_body(a.dir, a.preset) if a.what == "build" else write_body_config(a.dir, a.preset))
         return 0
