@@ -139,3 +139,60 @@ def test_two_gpus_tp2_matches_hf_and_dp2_ranks_stay_identical(actor):
     for a, b in zip(tp2[0]["losses"], dp_mean, strict=True):
         assert a == pytest.approx(b, abs=2e-2)
     print("two-GPU figures", {"tp2_losses": tp2[0]["losses"], "dp2_losses": dp2[0]["losses"]})
+
+
+def _sleep_first_main(backend: str, hf_dir: str, port: int, queue) -> None:
+    """The real run's order on one rank (spawned): set up, sleep before any training (seed step 3),
+    wake, train one rollout; results to `queue`."""
+    import math
+
+    from vime.real.megatron import model as mmodel
+    from vime.real.megatron.actor import ActorConfig, MegatronActor
+
+    cfg = ActorConfig(hf_config=mmodel.load_hf_config(hf_dir), hf_checkpoint=hf_dir, lr=2e-3, offload_backend=backend)
+    a = MegatronActor(cfg, 0, 1)
+    a.setup("127.0.0.1", port)
+    rows = eval_rows()
+    before = a.full_logits(rows)
+    a.sleep()
+    a.wake_up()
+    after = a.full_logits(rows)
+    m = a.train(0, synthetic_batch(0, global_batch_size=8).for_rank(0))
+    queue.put({"before": before, "after": after, "grad_norm": m["grad_norm"], "entropy": m["entropy"],
+               "uniform": math.log(a.spec.vocab_size)})
+
+
+@pytest.mark.parametrize("backend", ["cumem", "torch_memory_saver"])
+def test_sleep_before_training_keeps_a_full_vocabulary_model(tmp_path, backend):
+    """The H200 run of issue 20 (sleep first, 151 936-token tied vocabulary) trained with zero gradients
+    and a uniform policy: here the same order on a small body with the real vocabulary, per backend."""
+    import torch.multiprocessing as mp
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from vime.real.megatron.actor import free_port
+
+    if backend == "torch_memory_saver":
+        pytest.importorskip("torch_memory_saver")
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, prm in hf.named_parameters():
+            prm.fill_(1.0) if name.endswith("norm.weight") else prm.normal_(0.0, 0.02)
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        want = hf.to(torch.bfloat16).cuda()(torch.tensor(eval_rows(), device="cuda")).logits.float().cpu()
+    del hf
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_sleep_first_main, args=(backend, str(tmp_path), free_port(), queue))
+    proc.start()
+    out = queue.get(timeout=240)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    torch.testing.assert_close(out["before"], want, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(out["after"], out["before"])
+    assert out["grad_norm"] > 0
+    assert out["entropy"] < out["uniform"] - 0.01

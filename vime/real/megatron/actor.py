@@ -659,6 +659,7 @@ class MegatronActor:
         self._check_awake("sleep")
         nbytes = self._state_bytes()
         self.model.zero_grad_buffer()
+        self._sleep_fingerprint = self._fingerprint()
         self.offload.pause(nbytes)
         if not self.cpu:
             # The activations and the optimizer step's temporaries sit in PyTorch's cache outside the
@@ -679,7 +680,40 @@ class MegatronActor:
             raise TrainerError(f"rank {self.rank}: wake_up() while awake")
         self.offload.resume()
         self.asleep = False
+        self._check_fingerprint()
         return {"backend": self.offload.name, "events": list(self.offload.events)}
+
+    def _kept_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """What a sleep must keep: the module's parameters and the optimizer's main copies and moments."""
+        out = [(n, p) for n, p in self.module.named_parameters()]
+        for k, inner in enumerate(self._inner_optimizers()):
+            for g, group in enumerate(inner.param_groups):
+                for i, prm in enumerate(group["params"]):
+                    out.append((f"optimizer{k}.group{g}.param{i}", prm))
+                    for key, v in inner.state.get(prm, {}).items():
+                        if torch.is_tensor(v) and v.device.type != "cpu":
+                            out.append((f"optimizer{k}.group{g}.param{i}.{key}", v))
+        return out
+
+    def _fingerprint(self) -> torch.Tensor | None:
+        """Per-tensor sums of everything a sleep keeps (one fp64 vector), to prove the wake restored it."""
+        if self.cpu:
+            return None  # the CPU stand-in moves nothing
+        with torch.no_grad():
+            return torch.stack([t.detach().sum(dtype=torch.float64) for _, t in self._kept_tensors()]).cpu()
+
+    def _check_fingerprint(self) -> None:
+        """Raise if a tensor the sleep kept came back different: training on it would train something else."""
+        before, self._sleep_fingerprint = getattr(self, "_sleep_fingerprint", None), None
+        after = self._fingerprint()
+        if before is None or after is None:
+            return
+        changed = [n for (n, _), a, b in zip(self._kept_tensors(), after.tolist(), before.tolist(), strict=True)
+                   if not (a == b or (a != a and b != b))]
+        if changed:
+            raise TrainerError(f"rank {self.rank}: {len(changed)} of {len(after)} tensors changed across sleep/wake "
+                               f"with the {self.offload.name} offload backend (first: {changed[:3]}); the trainer "
+                               "state was not restored, so training would go on from other weights")
 
     # --- weights --------------------------------------------------------------------------------
     def backup_weights(self) -> None:
