@@ -1,0 +1,60 @@
+"""The `vime` argparse parser, built from the option declarations (subcommands train and simulate)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Any
+
+from vime.config.options import GROUPS, _flag
+from vime.errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of exiting, so library callers get an exception."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    for group_cls in GROUPS:
+        doc = (group_cls.__doc__ or "").strip().splitlines()[0]
+        grp = parser.add_argument_group(group_cls.title, doc)
+        for f in fields(group_cls):
+            meta = f.metadata["cli"]
+            if command not in meta["commands"]:
+                continue
+            kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": meta["help"]}
+            if f.type in ("bool", "bool | None"):
+                kw["action"] = argparse.BooleanOptionalAction if meta["negatable"] else "store_true"
+                if f.default is not None:
+                    kw["help"] += f" (default: {'on' if f.default else 'off'})"
+            else:
+                if meta["type"] is not None:
+                    kw["type"] = meta["type"]
+                if meta["choices"]:
+                    kw["choices"] = meta["choices"]
+                if meta["nargs"]:
+                    kw["nargs"] = meta["nargs"]
+                if meta["action"]:
+                    kw["action"] = meta["action"]
+                metavar = meta["metavar"] or {int: "N", float: "X"}.get(meta["type"])
+                if metavar:
+                    kw["metavar"] = metavar
+                if f.default is not None and not isinstance(f.default, bool):
+                    kw["help"] += f" (default: {f.default})"
+            grp.add_argument(_flag(f), **kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `vime` parser: subcommands `train` and `simulate`, built from the same option declarations."""
+    parser = _Parser(prog="vime", description="RL post-training on real GPUs (train) or in a "
+                                              "simulator of GPU memory and timing (simulate).")
+    sub = parser.add_subparsers(dest="command", metavar="{train,simulate}", required=True)
+    for command, help_ in (("train", "run RL training (real GPUs, or --backend sim)"),
+                           ("simulate", "simulate the RL step: time per phase, memory per GPU, OOM")):
+        p = sub.add_parser(command, help=help_, description=help_)
+        _add_options(p, command)
+    return parser
+

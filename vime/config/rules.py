@@ -1,0 +1,234 @@
+"""Validation and derivation of the options (seed step 1): the only place cross-flag rules live."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import fields
+from typing import Any
+
+from vime.config.lengths import default_prompt_spec, default_response_spec, parse_length_spec
+from vime.config.options import GROUPS, DerivedConfig, _flags_of
+from vime.errors import ConfigError
+
+#: Steps `vime simulate` runs when --num-rollout is not given.
+SIMULATE_DEFAULT_NUM_ROLLOUT = 2
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
+    """Fill defaults, validate, derive: the group values by field name plus ``derived`` (a DerivedConfig).
+
+    `raw` holds only the options given (plus earlier resolutions); every inconsistency raises ConfigError.
+    """
+    v: dict[str, Any] = {}
+    for cls in GROUPS:
+        for f in fields(cls):
+            v[f.name] = raw.get(f.name, f.default)
+    if command == "simulate":
+        v["backend"] = "sim"
+        # Steps repeat in steady state, so the simulator's default is a few of them, not the
+        # seed's 100 (which `vime train` keeps); pass --num-rollout to simulate more.
+        if "num_rollout" not in raw:
+            v["num_rollout"] = SIMULATE_DEFAULT_NUM_ROLLOUT
+    _check_ranges(v)
+    actor_gpus, engines = _placement(v)
+    dp = _parallelism(v)
+    _batches(v)
+    _lengths(v)
+    _sampling(v)
+    _algorithm(v)
+    _sim_inputs(v)
+    gbs, mbs = v["global_batch_size"], v["micro_batch_size"]
+    v["derived"] = DerivedConfig(
+        command=command,
+        actor_num_gpus=actor_gpus,
+        data_parallel_size=dp,
+        rollout_num_engines=engines,
+        samples_per_rollout=v["rollout_batch_size"] * v["n_samples_per_prompt"],
+        num_microbatches_per_step=gbs // (mbs * dp),
+        rollout_concurrency=v["vllm_server_concurrency"] * engines,
+    )
+    return v
+
+
+def _check_ranges(v: dict[str, Any]) -> None:
+    """Plain ranges."""
+    for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine",
+                 "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                 "micro_batch_size", "rollout_batch_size", "n_samples_per_prompt",
+                 "rollout_max_prompt_len", "rollout_max_response_len", "rollout_max_context_len",
+                 "vllm_server_concurrency", "max_num_seqs", "max_num_batched_tokens",
+                 "update_weight_buffer_size"):
+        _need(isinstance(v[name], int) and v[name] >= 1,
+              f"{_flags_of(name)} must be a positive integer, got {v[name]!r}")
+    for name in ("num_steps_per_rollout", "global_batch_size", "over_sampling_batch_size",
+                 "rollout_num_gpus", "eval_interval", "save_interval", "num_epoch"):
+        if v[name] is not None:
+            _need(v[name] >= 1, f"{_flags_of(name)} must be ≥ 1, got {v[name]}; leave it out for the default")
+    _need(v["num_rollout"] >= 0, f"--num-rollout must be ≥ 0, got {v['num_rollout']}")
+    _need(0 <= v["start_rollout_id"] <= v["num_rollout"],
+          f"--start-rollout-id {v['start_rollout_id']} must lie in [0, --num-rollout {v['num_rollout']}]")
+    _need(v["lr"] >= 0, f"--lr must be ≥ 0, got {v['lr']}")
+    _need(v["save_interval"] is None or v["save"] is not None,
+          f"--save-interval {v['save_interval']} needs --save PATH to know where to write checkpoints")
+
+
+def _placement(v: dict[str, Any]) -> tuple[int, int]:
+    """Placement: colocate, offloads, engines (seed steps 2–3)."""
+    actor_gpus = v["actor_num_nodes"] * v["actor_num_gpus_per_node"]
+    if v["colocate"]:
+        for off in ("offload_train", "offload_rollout"):
+            _need(v[off] is not False,
+                  f"--no-{off.replace('_', '-')} contradicts --colocate: colocated trainer and engines "
+                  f"take turns on the same GPUs, so both must offload; drop --no-{off.replace('_', '-')} "
+                  f"or pass --no-colocate")
+            v[off] = True
+        if v["rollout_num_gpus"] is not None:
+            _need(v["rollout_num_gpus"] == actor_gpus,
+                  f"--rollout-num-gpus {v['rollout_num_gpus']} differs from the actor GPUs "
+                  f"(--actor-num-nodes {v['actor_num_nodes']} × --actor-num-gpus-per-node "
+                  f"{v['actor_num_gpus_per_node']} = {actor_gpus}) under --colocate; leave it out or "
+                  f"set it to {actor_gpus}")
+        v["rollout_num_gpus"] = actor_gpus
+    else:
+        _need(v["rollout_num_gpus"] is not None,
+              "--no-colocate needs --rollout-num-gpus N (GPUs for the engines, apart from the trainer's)")
+        v["offload_train"] = bool(v["offload_train"])
+        v["offload_rollout"] = bool(v["offload_rollout"])
+    rg, per_engine = v["rollout_num_gpus"], v["rollout_num_gpus_per_engine"]
+    _need(rg % per_engine == 0,
+          f"--rollout-num-gpus-per-engine {per_engine} does not divide --rollout-num-gpus {rg}; pick a "
+          f"divisor of {rg} (e.g. {_divisor_near(rg, per_engine)})")
+    engines = rg // per_engine
+    return actor_gpus, engines
+
+
+def _parallelism(v: dict[str, Any]) -> int:
+    """Megatron parallelism."""
+    actor_gpus = v["actor_num_nodes"] * v["actor_num_gpus_per_node"]
+    tp, pp, cp = (v["tensor_model_parallel_size"], v["pipeline_model_parallel_size"],
+                  v["context_parallel_size"])
+    mp = tp * pp * cp
+    _need(actor_gpus % mp == 0,
+          f"--tensor-model-parallel-size {tp} × --pipeline-model-parallel-size {pp} × "
+          f"--context-parallel-size {cp} = {mp} does not divide the {actor_gpus} actor GPUs "
+          f"(--actor-num-nodes {v['actor_num_nodes']} × --actor-num-gpus-per-node "
+          f"{v['actor_num_gpus_per_node']}); choose sizes whose product divides {actor_gpus}")
+    dp = actor_gpus // mp
+    return dp
+
+
+def _batches(v: dict[str, Any]) -> None:
+    """Batches and steps (seed steps 1 and 31)."""
+    actor_gpus = v["actor_num_nodes"] * v["actor_num_gpus_per_node"]
+    tp, pp, cp = (v["tensor_model_parallel_size"], v["pipeline_model_parallel_size"],
+                  v["context_parallel_size"])
+    dp = actor_gpus // (tp * pp * cp)
+    rbs, n = v["rollout_batch_size"], v["n_samples_per_prompt"]
+    total = rbs * n
+    steps, gbs = v["num_steps_per_rollout"], v["global_batch_size"]
+    if steps is None and gbs is None:
+        steps = 1
+    if steps is not None:
+        _need(total % steps == 0,
+              f"--num-steps-per-rollout {steps} does not divide the {total} samples per rollout "
+              f"(--rollout-batch-size {rbs} × --n-samples-per-prompt {n}); use a divisor of {total}")
+        derived_gbs = total // steps
+        _need(gbs is None or gbs == derived_gbs,
+              f"--global-batch-size {gbs} contradicts --num-steps-per-rollout {steps}: {rbs} × {n} // "
+              f"{steps} = {derived_gbs}; pass only one of the two")
+        gbs = derived_gbs
+    else:
+        _need(gbs <= total and total % gbs == 0,
+              f"--global-batch-size {gbs} does not divide the {total} samples per rollout "
+              f"(--rollout-batch-size {rbs} × --n-samples-per-prompt {n}); use a divisor of {total}")
+        steps = total // gbs
+    v["num_steps_per_rollout"], v["global_batch_size"] = steps, gbs
+    mbs = v["micro_batch_size"]
+    _need(gbs % (mbs * dp) == 0,
+          f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mbs} × DP {dp} = "
+          f"{mbs * dp} (DP = {actor_gpus} GPUs / (TP {tp} × PP {pp} × CP {cp})); every DP rank needs "
+          f"the same number of micro-batches — change --micro-batch-size, the batch, or the parallelism")
+    if v["over_sampling_batch_size"] is None:
+        v["over_sampling_batch_size"] = rbs
+
+
+def _lengths(v: dict[str, Any]) -> None:
+    """Lengths (seed step 19)."""
+    p, r, c = v["rollout_max_prompt_len"], v["rollout_max_response_len"], v["rollout_max_context_len"]
+    _need(p + r <= c,
+          f"--rollout-max-prompt-len {p} + --rollout-max-response-len {r} = {p + r} exceeds "
+          f"--rollout-max-context-len {c}; raise the context to ≥ {p + r} or shorten prompt/response")
+    _need(v["max_num_batched_tokens"] >= v["max_num_seqs"],
+          f"--max-num-batched-tokens {v['max_num_batched_tokens']} is below --max-num-seqs "
+          f"{v['max_num_seqs']}; vLLM needs at least one token per running sequence per iteration")
+    _need(0 < v["gpu_memory_utilization"] <= 1,
+          f"--gpu-memory-utilization must lie in (0, 1], got {v['gpu_memory_utilization']}")
+
+
+def _sampling(v: dict[str, Any]) -> None:
+    """Sampling."""
+    _need(v["rollout_temperature"] >= 0, f"--rollout-temperature must be ≥ 0, got {v['rollout_temperature']}")
+    _need(0 < v["rollout_top_p"] <= 1, f"--rollout-top-p must lie in (0, 1], got {v['rollout_top_p']}")
+    _need(v["rollout_top_k"] >= -1, f"--rollout-top-k must be -1 (off), 0 (off) or positive, got "
+                                    f"{v['rollout_top_k']}")
+    _need(v["score_centering_top_k"] >= 0,
+          f"--score-centering-top-k must be ≥ 0, got {v['score_centering_top_k']}")
+    _need(not (v["use_score_centering"] and v["rollout_top_p"] == 1 and v["score_centering_top_k"] < 1),
+          "--use-score-centering with --rollout-top-p 1 needs --score-centering-top-k ≥ 1")
+
+
+def _algorithm(v: dict[str, Any]) -> None:
+    """Algorithm (seed steps 1, 40)."""
+    eps = v["eps_clip"]
+    _need(0 <= eps < 1, f"--eps-clip must lie in [0, 1), got {eps}")
+    if v["eps_clip_high"] is None:
+        v["eps_clip_high"] = eps
+    _need(v["eps_clip_high"] >= 0, f"--eps-clip-high must be ≥ 0, got {v['eps_clip_high']}")
+    _need(v["eps_clip_c"] is None or v["eps_clip_c"] > 1,
+          f"--eps-clip-c {v['eps_clip_c']} must be > 1 (dual clip bounds the loss of negative advantages "
+          f"at eps_clip_c × |A|); leave it out to disable dual clip")
+    _need(v["kl_coef"] >= 0 and v["kl_loss_coef"] >= 0,
+          f"--kl-coef {v['kl_coef']} and --kl-loss-coef {v['kl_loss_coef']} must be ≥ 0")
+    _need(not (v["use_rollout_routing_replay"] and not v["use_routing_replay"]),
+          "--use-rollout-routing-replay needs --use-routing-replay")
+
+
+def _sim_inputs(v: dict[str, Any]) -> None:
+    """Simulation inputs."""
+    p, r = v["rollout_max_prompt_len"], v["rollout_max_response_len"]
+    for name, cap, default_fn in (("response_length", r, default_response_spec),
+                                  ("prompt_length", p, default_prompt_spec)):
+        spec = v[name]
+        flag = _flags_of(name)
+        if spec is None:
+            spec = default_fn(cap)
+        elif isinstance(spec, str):
+            spec = parse_length_spec(spec, flag=flag, cap=cap)
+        else:
+            spec = dataclasses.replace(spec, cap=cap)
+        limit_flag = "--rollout-max-response-len" if name == "response_length" else "--rollout-max-prompt-len"
+        if spec.kind in ("fixed", "uniform"):
+            _need(max(spec.params) <= cap,
+                  f"{flag} {spec} draws lengths up to {int(max(spec.params))}, above {limit_flag} {cap}; "
+                  f"lower the spec or raise {limit_flag}")
+        if spec.kind == "trace":
+            _need(spec.path is not None and os.path.isfile(spec.path.partition("#")[0]),
+                  f"{flag} {spec}: trace file not found; give an existing JSONL file")
+        v[name] = spec
+    for name in ("hardware", "model"):
+        val = v[name]
+        _need(isinstance(val, str) and val.strip() != "", f"{_flags_of(name)} must not be empty")
+        if val.endswith(".json"):
+            _need(os.path.isfile(val), f"{_flags_of(name)} {val}: file not found; give a preset name or "
+                                       f"an existing JSON file")
+
+
+def _divisor_near(n: int, want: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - want), d))
