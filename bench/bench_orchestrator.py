@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from vime.cli_train import simulate_training
 from vime.config import parse_args
+from vime.runs.sim import simulate
 
 SCENARIOS: dict[str, list[str]] = {
     "seed_256": [],
@@ -115,7 +115,7 @@ def run_step(name: str, *, sample: bool) -> tuple[float, float, StackSampler | N
     args = scenario_args(name)
     sampler = StackSampler() if sample else None
     window = _StepWindow(1, sampler)
-    run = simulate_training(args, observers=[window], on_step=window.on_step)
+    run = simulate(args, observers=[window], on_step=window.on_step)
     return window.t1 - window.t0, window.c1 - window.c0, sampler, run
 
 

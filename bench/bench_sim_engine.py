@@ -127,7 +127,7 @@ def test_large_rollout_64_engines(benchmark: Any, max_len: int, util: float) -> 
 
 def test_seed_full_step_orchestrated(benchmark: Any) -> None:
     """The whole seed step through the orchestrator (`vime simulate`, one rollout), start-up included."""
-    from vime.cli_simulate import simulate
+    from vime.runs.sim import simulate
 
     args = defaults().replace(num_rollout=1)
     out: dict[str, Any] = {}

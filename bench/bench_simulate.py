@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from vime.config import parse_args
-from vime.sweep import parse_sweep, run_points
+from vime.runs.sweep import parse_sweep, run_points
 
 
 def test_default_run_process_start_to_report(benchmark):

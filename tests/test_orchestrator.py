@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from vime.cli_train import format_step, simulate_training
+from vime.cli.train import format_step
 from vime.config import defaults
 from vime.errors import ConfigError, EngineError
 from vime.orchestrator import PHASES, Orchestrator
 from vime.protocols import normalize_wake_tags
 from vime.rollout.data_source import DataSource, SyntheticDataset
 from vime.rollout.generate import RolloutError
+from vime.runs.sim import simulate
 from vime.sim import clock
 
 ASYNC_CALLS = {"generate", "abort_all", "sleep", "wake_up", "pause", "resume", "flush_cache",
@@ -86,7 +87,7 @@ def recorded_run(args: Any, *, on_backends: Any = None) -> tuple[Any, list[tuple
                 "router": Recording(backends.router, "router", log),
                 "trainer": Recording(backends.trainer, "trainer", log, batches)}
 
-    run = simulate_training(args, wrap=wrap, observers=[observer])
+    run = simulate(args, wrap=wrap, observers=[observer])
     return run, log, batches, observer
 
 
@@ -172,7 +173,7 @@ def test_wake_tags_are_normalised_on_the_engine():
 
 
 def test_t_step_is_the_sum_of_phases_plus_the_gap():
-    run = simulate_training(seed_args())
+    run = simulate(seed_args())
     for r in run.report.steps:
         total = sum(r.phases().values()) + r.t_save + r.t_eval + r.t_gap
         assert math.isclose(r.t_step, total, rel_tol=1e-12)
@@ -189,9 +190,9 @@ def test_t_step_is_the_sum_of_phases_plus_the_gap():
 
 
 def test_same_seed_same_reports_and_another_seed_differs():
-    a = json.dumps(simulate_training(seed_args(num_rollout=2)).report.to_dict(), sort_keys=True)
-    b = json.dumps(simulate_training(seed_args(num_rollout=2)).report.to_dict(), sort_keys=True)
-    c = json.dumps(simulate_training(seed_args(num_rollout=2, seed=7)).report.to_dict(), sort_keys=True)
+    a = json.dumps(simulate(seed_args(num_rollout=2)).report.to_dict(), sort_keys=True)
+    b = json.dumps(simulate(seed_args(num_rollout=2)).report.to_dict(), sort_keys=True)
+    c = json.dumps(simulate(seed_args(num_rollout=2, seed=7)).report.to_dict(), sort_keys=True)
     assert a == b and a != c
 
 
@@ -261,7 +262,7 @@ def test_a_dead_engine_that_cannot_restart_stops_a_colocated_run_precisely():
         return {"engines": [NoRestart(e, "engines", log) for e in backends.engines]}
 
     with pytest.raises(EngineError) as info:
-        simulate_training(seed_args(), wrap=wrap, observers=[observer])
+        simulate(seed_args(), wrap=wrap, observers=[observer])
     msg = str(info.value)
     assert msg.startswith("engine engine2: health") and "died during rollout 1" in msg and "--load" in msg
 
@@ -318,7 +319,8 @@ def test_resume_reads_the_rollout_state(tmp_path: Path):
 
     args = seed_args(num_rollout=8, load=str(tmp_path))
     fresh = DataSource(SyntheticDataset(100, lambda i: 10), n_samples_per_prompt=8)
-    orch = Orchestrator(args, engines=[object()], router=object(), trainer=Trainer(), data_source=fresh)  # type: ignore[list-item]
+    orch = Orchestrator(args, engines=[object()], router=object(), trainer=Trainer(), data_source=fresh,  # type: ignore[list-item]
+                        rollout=object())  # type: ignore[arg-type]
     from vime.orchestrator import StartupReport
 
     report = StartupReport()
@@ -329,7 +331,7 @@ def test_resume_reads_the_rollout_state(tmp_path: Path):
 
 def test_resume_from_a_simulated_checkpoint_continues_like_an_uninterrupted_run(tmp_path: Path):
     straight = recorded_run(seed_args())
-    first = simulate_training(seed_args(num_rollout=2, save_interval=1, save=str(tmp_path)))
+    first = simulate(seed_args(num_rollout=2, save_interval=1, save=str(tmp_path)))
     assert first.report.steps[-1].t_save > 0
     resumed, log, batches, _ = recorded_run(seed_args(load=str(tmp_path)))
     assert resumed.report.startup.start_rollout_id == 2
@@ -344,7 +346,7 @@ def test_eval_interval_without_eval_prompts_is_a_config_error():
     src = DataSource(SyntheticDataset(10, lambda i: 4), n_samples_per_prompt=8)
     with pytest.raises(ConfigError, match="--eval-interval 2 needs evaluation prompts"):
         Orchestrator(seed_args(eval_interval=2), engines=[object()], router=object(),  # type: ignore[list-item]
-                     trainer=object(), data_source=src)  # type: ignore[arg-type]
+                     trainer=object(), data_source=src, rollout=object())  # type: ignore[arg-type]
 
 
 def _vime(*argv: str, hash_seed: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -409,7 +411,7 @@ def test_without_colocation_nothing_sleeps_and_weights_still_flow():
 
 
 def test_engines_that_do_not_receive_weights_sleep_at_level_1():
-    from vime.cli_train import build_sim_orchestrator
+    from vime.runs.sim import build_sim_orchestrator
     from vime.sim.backends import build_sim_backends
 
     args = seed_args(num_rollout=1)

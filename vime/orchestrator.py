@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vime.algo.weight_sync import should_flush_cache
+from vime.checkpoint import checkpoint_path, read_rollout_state, resolve_checkpoint, write_rollout_state
 from vime.errors import ConfigError, EngineError
 from vime.protocols import (
     TAG_CUDA_GRAPH,
@@ -51,7 +50,6 @@ PHASE_METRICS: dict[str, str] = {
     "weight_sync": "perf/update_weights_time",
     "onload_kv": "perf/onload_kv_time",
 }
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 ROLLOUT_MANAGER = "rollout_manager"  # the component name of the orchestrator's own bookkeeping calls
 
 
@@ -176,9 +174,9 @@ class Orchestrator:
     """
 
     def __init__(self, args: Any, *, engines: Sequence[RolloutEngine], router: Router, trainer: Trainer,
-                 data_source: Any, rollout: Rollout | None = None, batch_builder: BatchBuilder | None = None,
+                 data_source: Any, rollout: Rollout, batch_builder: BatchBuilder | None = None,
                  observers: Sequence[StepObserver] = (), eval_source: Any = None, eval_groups: int | None = None,
-                 engines_receive_weights: bool = True, tokenizer: Any = None, progress: bool | None = None) -> None:
+                 engines_receive_weights: bool = True) -> None:
         if not engines:
             raise ConfigError("the orchestrator needs at least one rollout engine")
         if getattr(args, "eval_interval", None) and eval_source is None:
@@ -193,14 +191,11 @@ class Orchestrator:
         self.eval_groups = eval_groups
         self.observers = list(observers)
         self.engines_receive_weights = engines_receive_weights
-        self.rollout = rollout or Rollout(args, router, num_engines=len(self.engines), tokenizer=tokenizer,
-                                          progress=progress)
+        self.rollout = rollout
         self.batch_builder = batch_builder or BatchBuilder(args)
         self.weight_version = 0
         self.initial_weight_version = 0
-        self.health_monitoring = False
         self.lost_engines: list[str] = []
-        self._recovery_admission_was_paused: bool | None = None
         self._last_flush = False
         self._last_buckets = 0
 
@@ -310,15 +305,14 @@ class Orchestrator:
 
     # --- the arrows, one method each ----------------------------------------------------------------
     async def generate(self, rollout_id: int) -> tuple[RolloutOutput, TrainBatch]:
-        """Seed steps 14–32: health monitoring on, one rollout, the column batch split per DP rank."""
-        self.health_monitoring_resume()
+        """Seed steps 14–32: one rollout, the column batch split per DP rank."""
         out = await self.rollout.generate_rollout(rollout_id, self.data_source)
         batch = self.batch_builder.build(rollout_id, out.samples)
         return out, batch
 
     async def offload(self) -> int | None:
-        """Seed steps 33–36: health monitoring paused; every engine sleeps (level 2 if it receives weights)."""
-        self.health_monitoring_pause()
+        """Seed steps 33–36: every engine sleeps (level 2 if it receives weights). The engines' health is
+        checked before, after the rollout (`_check_engines`): a sleeping engine answers slowly or not at all."""
         if not self.args.offload_rollout:
             return None
         level = 2 if self.engines_receive_weights else 1
@@ -359,10 +353,7 @@ class Orchestrator:
         self._last_buckets = published.buckets
 
     def training_ready(self) -> None:
-        """Seed step 9: resume admission paused by a recovery; a no-op on a normal start."""
-        if self._recovery_admission_was_paused is not None:
-            self.resume_rollout_admission(self._recovery_admission_was_paused)
-            self._recovery_admission_was_paused = None
+        """Seed step 9: resume admission a recovery paused; with no recovery (this loop has none) it only marks the step."""
         self._note("training_ready")
 
     def pause_rollout_admission(self) -> bool:
@@ -373,13 +364,6 @@ class Orchestrator:
     def resume_rollout_admission(self, was_paused: bool) -> None:
         """Seed step 53: the counterpart of step 44 (skipped after the last rollout)."""
         self._note("resume_rollout_admission")
-
-    def health_monitoring_resume(self) -> None:
-        self.health_monitoring = True
-
-    def health_monitoring_pause(self) -> None:
-        # Sleeping engines answer health checks slowly or not at all; a monitor must not restart them.
-        self.health_monitoring = False
 
     async def _check_engines(self, rollout_id: int) -> tuple[list[str], list[str]]:
         """After a rollout, before the engines give their memory away: find dead engines and deal with them.
@@ -438,31 +422,16 @@ class Orchestrator:
         """Checkpoint through the trainer, plus the rollout state (data-source position, weight version)."""
         path = checkpoint_path(self.args.save, rollout_id)
         await self.trainer.save_checkpoint(rollout_id, path)
-        os.makedirs(path, exist_ok=True)
-        state = {"rollout_id": rollout_id, "weight_version": self.weight_version,
-                 "data_source": self.data_source.state_dict()}
-        with open(os.path.join(path, "rollout_state.json"), "w", encoding="utf-8") as fh:
-            json.dump(state, fh)
-        # Megatron's marker of the newest checkpoint, so --load can name the directory above; the
-        # newest rollout state sits there too (what real backends read before start-up)
-        with open(os.path.join(self.args.save, LATEST_FILE), "w", encoding="utf-8") as fh:
-            fh.write(str(rollout_id))
-        with open(os.path.join(self.args.save, "rollout_state.json"), "w", encoding="utf-8") as fh:
-            json.dump(state, fh)
+        write_rollout_state(self.args.save, path, {"rollout_id": rollout_id, "weight_version": self.weight_version,
+                                                   "data_source": self.data_source.state_dict()})
 
     async def _load_checkpoint(self, report: StartupReport) -> None:
-        load = getattr(self.args, "load", None)
-        if not load:
+        if not getattr(self.args, "load", None):
             return
-        latest = os.path.join(load, LATEST_FILE)
-        if os.path.isfile(latest):
-            with open(latest, encoding="utf-8") as fh:
-                load = checkpoint_path(load, int(fh.read().strip()))
-        next_id = int(await self.trainer.load_checkpoint(load))
-        state_file = os.path.join(load, "rollout_state.json")
-        if os.path.isfile(state_file):
-            with open(state_file, encoding="utf-8") as fh:
-                state = json.load(fh)
+        path = resolve_checkpoint(self.args.load)
+        next_id = int(await self.trainer.load_checkpoint(path))
+        state = read_rollout_state(path)
+        if state is not None:
             self.data_source.load_state_dict(state["data_source"])
             # the version the saved rollout was trained from; start-up publishes the next one (seed step 8)
             self.weight_version = self.initial_weight_version = int(state["weight_version"])
@@ -493,20 +462,8 @@ class Orchestrator:
         report.train = asdict(metrics)
 
 
-def checkpoint_path(root: str, rollout_id: int) -> str:
-    """Where the checkpoint after rollout `rollout_id` lives (Megatron's iter_NNNNNNN naming)."""
-    return os.path.join(root, f"iter_{rollout_id:07d}")
-
-
 def _periodic(rollout_id: int, interval: int | None, num_rollout: int) -> bool:
     """Every `interval` rollouts, and after the last one (slime's periodic save/eval rule)."""
     if not interval:
         return False
     return (rollout_id + 1) % interval == 0 or rollout_id + 1 == num_rollout
-
-
-async def run_training(args: Any, *, engines: Sequence[RolloutEngine], router: Router, trainer: Trainer,
-                       data_source: Any, **kwargs: Any) -> RunReport:
-    """Build an Orchestrator over the given backends and run start-up and the whole loop."""
-    orch = Orchestrator(args, engines=engines, router=router, trainer=trainer, data_source=data_source, **kwargs)
-    return await orch.run()

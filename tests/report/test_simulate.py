@@ -15,12 +15,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from vime.cli_simulate import build_document, format_text, simulate
+from vime.cli.simulate import format_text
 from vime.config import parse_args
 from vime.report.html import render_html
 from vime.report.schema import SIMULATE_SCHEMA, TRACE_EVENT_SCHEMA
 from vime.report.trace import recorder_trace
-from vime.sweep import parse_sweep, run_points, search
+from vime.runs.document import build_document
+from vime.runs.sim import simulate
+from vime.runs.sweep import parse_sweep, run_points, search
 
 GiB = 1024**3
 GOLDEN = Path(__file__).parent / "golden" / "simulate_default.json"
@@ -150,7 +152,7 @@ def test_impossible_configuration_fails_at_parse_time():
 
 def test_oom_verdict_names_gpu_tag_and_a_fix_that_the_simulator_confirms():
     args = parse_args(["--model", "Qwen3-14B", "--num-rollout", "1"], command="simulate")
-    from vime.cli_simulate import check_fixes
+    from vime.runs.fixes import check_fixes
 
     sim = simulate(args)
     assert not sim.fits

@@ -2,7 +2,7 @@
 
 `real_session(args)` is an async context manager yielding a `RealSession` with what the
 orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tokenizer``,
-``eval_source``, ``observers``; see `vime.cli_train.run_real`). On entry it
+``eval_source``, ``observers``; see `vime.runs.real.run_real`). On entry it
 
 1. checks the configuration against this machine (CPU: ``--update-weight-mode disk`` — CUDA IPC
    buckets cannot reach a CPU server);

@@ -274,8 +274,8 @@ def test_without_finalize_model_grads_dp_training_departs_from_single_rank(train
 def test_orchestrator_drives_the_real_trainer_with_simulated_engines(training, groups, tiny_hf_dir):
     """Mixed mode: the step loop on the simulated clock and engines, training on the real Megatron
     actors (TP=2), for two rollouts; the engines receive the real trainer's exported buckets."""
-    from vime.cli_train import simulate_training
     from vime.config import defaults
+    from vime.runs.sim import simulate
 
     trainer = groups["tp2"]
     before = _full_params(trainer)
@@ -299,7 +299,7 @@ def test_orchestrator_drives_the_real_trainer_with_simulated_engines(training, g
 
     trainer.blocking = True
     try:
-        run = simulate_training(args, wrap=lambda backends: {"trainer": Counting()})
+        run = simulate(args, wrap=lambda backends: {"trainer": Counting()})
     finally:
         trainer.blocking = False
     steps = run.report.steps

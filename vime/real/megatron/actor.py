@@ -227,7 +227,7 @@ def _init_adam_state(optimizer: Any) -> bool:
     """Create torch Adam's moments now, as its first step would (step 0, zero moments), so they are
     allocated inside the caller's offload region; returns False when an inner optimizer is not torch's
     Adam/AdamW (then its first step creates the state)."""
-    inners = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", None) or [optimizer]]
+    inners: list[Any] = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", None) or [optimizer]]
     if not inners or not all(isinstance(o, torch.optim.Adam | torch.optim.AdamW) for o in inners):
         return False
     for inner in inners:

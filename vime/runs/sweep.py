@@ -7,21 +7,21 @@ Ray tasks on a cluster given by `--ray-address`. Results are ordered by a stable
 inputs print the same table whatever finished first.
 """
 
+
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from vime.config import Args, build_parser, parse_args
+from vime.config import Args, build_parser
 from vime.errors import ConfigError
+from vime.runs.sim import simulate
 
 GiB = 1024**3
 
@@ -120,8 +120,6 @@ def parse_sweep(specs: Sequence[str]) -> list[dict[str, Any]]:
 
 def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
     """Simulate `base` with `changes`; invalid configurations and OOMs are results, not exceptions."""
-    from vime.cli_simulate import simulate
-
     res = PointResult(dict(changes))
     try:
         args = base.replace(**changes)
@@ -278,11 +276,6 @@ def search(base: Args, *, goal: str = "fastest", max_gpus: int = 64, target_step
     return best, ranked
 
 
-# --------------------------------------------------------------------------------------------
-# Output
-# --------------------------------------------------------------------------------------------
-
-
 def command_line(args: Args) -> list[str]:
     """`vime train` words that reproduce `args` (options given explicitly, in a stable order)."""
     raw = args._raw_options()
@@ -295,80 +288,3 @@ def command_line(args: Args) -> list[str]:
             continue
         words += argv_for(dest, value)
     return words
-
-
-def _rows(results: Sequence[PointResult]) -> list[dict[str, Any]]:
-    rows = []
-    for rank, r in enumerate(results, 1):
-        status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
-        row: dict[str, Any] = {"rank": rank, **{k: r.changes[k] for k in sorted(r.changes)}, "status": status,
-                               "t_step_s": r.t_step if r.valid and r.fits else "", "peak_gib": r.peak_gib,
-                               "gpus": r.gpus, "reason": r.oom or r.error}
-        rows.append(row)
-    return rows
-
-
-def format_table(results: Sequence[PointResult]) -> str:
-    rows = _rows(results)
-    if not rows:
-        return "(no configurations)"
-    cols = list(rows[0].keys())
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols if c != "reason"}
-    head = "  ".join(f"{c:<{widths[c]}}" for c in widths) + "  reason"
-    lines = [head]
-    for r in rows:
-        lines.append("  ".join(f"{r.get(c, '')!s:<{widths[c]}}" for c in widths) + "  " + str(r.get("reason", "")))
-    return "\n".join(lines)
-
-
-def format_csv(results: Sequence[PointResult]) -> str:
-    rows = _rows(results)
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
-def run_sweep_command(args: Args) -> int:
-    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv)."""
-    quiet = bool(args.json or args.csv) or not sys.stderr.isatty()
-    if args.search:
-        best, ranked = search(args, goal=args.search, max_gpus=int(args.max_gpus),
-                              target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
-        if args.json:
-            print(json.dumps({"schema": "vime.search/1", "goal": args.search, "best": asdict(best) if best else None,
-                              "candidates": [asdict(r) for r in ranked]}, indent=1))
-        elif args.csv:
-            print(format_csv(ranked), end="")
-        else:
-            print(format_table(ranked))
-            print()
-            if best is None:
-                print("No configuration meets the goal within --max-gpus; raise --max-gpus or relax the target.")
-            else:
-                print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs")
-                print(" ".join(best.argv))
-        return 0 if best is not None else 3
-    points = parse_sweep(args.sweep)
-    results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet)
-    if args.json:
-        print(json.dumps({"schema": "vime.sweep/1", "results": [asdict(r) for r in results]}, indent=1))
-    elif args.csv:
-        print(format_csv(results), end="")
-    else:
-        print(format_table(results))
-    return 0
-
-
-def main_argv(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m vime.sweep
-    return run_sweep_command(parse_args(list(argv), command="simulate"))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main_argv(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""The `vime` command: `vime train` and `vime simulate`, one parser, lazy dispatch to the runners."""
+"""The `vime` command: `vime train` and `vime simulate`, one parser, lazy dispatch to the commands (which only parse and print)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from vime.errors import ConfigError, VimeError
 #: Modules are imported only when the command runs, so `vime simulate` never imports the real
 #: backends and `--dry-run` imports nothing beyond the config.
 RUNNERS: dict[str, tuple[str, str]] = {
-    "simulate": ("vime.cli_simulate", "run_simulate"),
-    "train": ("vime.cli_train", "run_train"),
+    "simulate": ("vime.cli.simulate", "run_simulate"),
+    "train": ("vime.cli.train", "run_train"),
 }
 
 EXIT_USAGE = 2
@@ -74,5 +74,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,169 @@
+"""`vime simulate`: one configuration as tables or JSON (with an optional trace and HTML report), or a sweep / search over many."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from vime.config import Args
+from vime.runs.sweep import PointResult
+
+_PHASE_LABEL = {"rollout": "rollout (14–32)", "offload": "offload (33–36)", "train": "train (37–42)",
+                "onload_weights": "onload weights (43)", "weight_sync": "weight sync (44–53)",
+                "onload_kv": "onload KV (54)", "gap": "outside the phases"}
+
+
+def format_text(doc: dict[str, Any]) -> str:
+    """The human report: phases, rollout figures, memory per GPU, verdict."""
+    cfg = doc["config"]
+    lines = [f"vime simulate — {doc['model']['name']} ({doc['model']['params_b']:.2f} B params) on "
+             f"{cfg['actor_num_gpus']} × {doc['hardware']['name']}, "
+             f"{'colocate' if cfg['colocate'] else 'disaggregated'}, TP {cfg['tensor_model_parallel_size']} × "
+             f"DP {cfg['data_parallel_size']}, {cfg['rollout_num_engines']} engines × "
+             f"{cfg['rollout_num_gpus_per_engine']} GPUs, {cfg['rollout_batch_size']} × {cfg['n_samples_per_prompt']} "
+             f"samples, {len(doc['steps'])} step(s) simulated", ""]
+    s = doc["summary"]
+    lines.append("T_step by phase (mean over simulated steps)")
+    for name, p in s["phases"].items():
+        bar = "█" * int(round(p["percent"] / 2.5))
+        lines.append(f"  {_PHASE_LABEL.get(name, name):<22} {p['seconds']:9.3f} s  {p['percent']:5.1f} %  {bar}")
+    lines.append(f"  {'T_step':<22} {s['t_step']:9.3f} s")
+    r = doc["rollout"]
+    lines += ["", "Rollout",
+              f"  tokens generated per step {r['tokens_generated']:,}   tokens/s per GPU {r['tokens_per_s_per_gpu']:,.0f}"
+              f"   longest sample {r['longest_sample_tokens']} tokens",
+              f"  engine busy {100 * r['engine_busy_share']:.0f} % of rollout   KV blocks peak {r['kv_blocks_peak']:,} of "
+              f"{r['kv_blocks_total']:,} ({100 * r['kv_blocks_used_share']:.0f} %)   preemptions {r['preemptions']}"]
+    lines += ["", "Peak memory per GPU (GiB, at the moment of the GPU's peak)"]
+    for g in doc["memory"]["gpus"]:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in g["by_owner_tag_gib"].items())
+        lines.append(f"  GPU {g['gpu']}: {g['peak_gib']:6.2f} of {g['capacity_gib']:.2f}  headroom "
+                     f"{g['headroom_gib']:6.2f}  during {g['peak_phase'] or '-'}  [{parts}]")
+    lines.append(f"  host pinned memory peak: {doc['memory']['host_pinned_peak_gib']:.2f} GiB")
+    v = doc["verdict"]
+    lines.append("")
+    if v["fits"]:
+        worst = min((g["headroom_gib"] for g in doc["memory"]["gpus"]), default=0.0)
+        lines.append(f"Verdict: FITS — smallest headroom {worst:.2f} GiB")
+    else:
+        o = v["oom"]
+        lines.append(f"Verdict: OOM during {o['phase'] or '?'} (rollout {o['rollout_id']}) on GPU {o['gpu']}: "
+                     f"{o['owner']}/{o['tag']} asked for {o['requested_gib']:.2f} GiB with {o['free_gib']:.2f} GiB free "
+                     f"— short by {o['short_by_gib']:.2f} GiB at t = {o['time_s']:.3f} s")
+        if v["fixes"]:
+            lines.append("Fixes (each simulated):")
+            lines += [f"  - {f}" for f in v["fixes"]]
+    return "\n".join(lines)
+
+
+
+
+def run_simulate(args: Any) -> int:
+    """`vime simulate`: one configuration (tables or --json), or a sweep / search over many."""
+    if args.sweep or args.search:
+        return run_sweep_command(args)
+    from vime.runs.document import build_document
+    from vime.runs.fixes import check_fixes
+    from vime.runs.sim import simulate
+
+    sim = simulate(args, progress=False)
+    if sim.oom is not None:
+        sim.fixes = check_fixes(sim)
+    doc = build_document(sim)
+    if args.trace_out:
+        from vime.report.trace import write_trace
+
+        write_trace(sim.backends.recorder, args.trace_out)
+    if args.report:
+        from vime.report.html import render_html
+
+        with open(args.report, "w") as f:
+            f.write(render_html(doc, sim.backends.recorder))
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=False))
+    else:
+        print(format_text(doc))
+        for path, what in ((args.trace_out, "trace"), (args.report, "report")):
+            if path:
+                print(f"{what} written to {path}", file=sys.stderr)
+    return 0 if sim.fits else 3
+
+
+# Sweeps and searches (vime.runs.sweep computes, this prints)
+
+
+def _rows(results: Sequence[PointResult]) -> list[dict[str, Any]]:
+    rows = []
+    for rank, r in enumerate(results, 1):
+        status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
+        row: dict[str, Any] = {"rank": rank, **{k: r.changes[k] for k in sorted(r.changes)}, "status": status,
+                               "t_step_s": r.t_step if r.valid and r.fits else "", "peak_gib": r.peak_gib,
+                               "gpus": r.gpus, "reason": r.oom or r.error}
+        rows.append(row)
+    return rows
+
+
+def format_results(results: Sequence[PointResult]) -> str:
+    rows = _rows(results)
+    if not rows:
+        return "(no configurations)"
+    cols = list(rows[0].keys())
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols if c != "reason"}
+    head = "  ".join(f"{c:<{widths[c]}}" for c in widths) + "  reason"
+    lines = [head]
+    for r in rows:
+        lines.append("  ".join(f"{r.get(c, '')!s:<{widths[c]}}" for c in widths) + "  " + str(r.get("reason", "")))
+    return "\n".join(lines)
+
+
+def format_csv(results: Sequence[PointResult]) -> str:
+    rows = _rows(results)
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def run_sweep_command(args: Args) -> int:
+    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv)."""
+    from vime.runs.sweep import parse_sweep, run_points, search
+
+    quiet = bool(args.json or args.csv) or not sys.stderr.isatty()
+    if args.search:
+        best, ranked = search(args, goal=args.search, max_gpus=int(args.max_gpus),
+                              target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
+        if args.json:
+            print(json.dumps({"schema": "vime.search/1", "goal": args.search, "best": asdict(best) if best else None,
+                              "candidates": [asdict(r) for r in ranked]}, indent=1))
+        elif args.csv:
+            print(format_csv(ranked), end="")
+        else:
+            print(format_results(ranked))
+            print()
+            if best is None:
+                print("No configuration meets the goal within --max-gpus; raise --max-gpus or relax the target.")
+            else:
+                print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs")
+                print(" ".join(best.argv))
+        return 0 if best is not None else 3
+    points = parse_sweep(args.sweep)
+    results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet)
+    if args.json:
+        print(json.dumps({"schema": "vime.sweep/1", "results": [asdict(r) for r in results]}, indent=1))
+    elif args.csv:
+        print(format_csv(results), end="")
+    else:
+        print(format_results(results))
+    return 0
+

@@ -1,0 +1,94 @@
+"""`vime train`: run the RL loop on ``--backend sim`` or ``real`` and print start-up and each step's phase times."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from vime.errors import ConfigError
+from vime.orchestrator import PHASES, StartupReport, StepReport
+
+_SHORT = {"rollout": "rollout", "offload": "offload", "train": "train", "onload_weights": "onload_w",
+          "weight_sync": "sync", "onload_kv": "onload_kv"}
+
+
+def format_step(report: StepReport) -> str:
+    """One line per step: T_step, each phase in seconds and percent, the gap, and rollout counts."""
+    total = report.t_step or 1.0
+    phases = "  ".join(f"{_SHORT[p]} {t:8.3f}s {100 * t / total:5.1f}%" for p, t in report.phases().items())
+    extra = ""
+    if report.t_save:
+        extra += f"  save {report.t_save:.3f}s"
+    if report.t_eval:
+        extra += f"  eval {report.t_eval:.3f}s"
+    if report.lost_engines:
+        extra += "  LOST " + ",".join(report.lost_engines)
+        if report.restarted_engines:
+            extra += " (restarted " + ",".join(report.restarted_engines) + ")"
+    r = report.rollout
+    return (f"step {report.rollout_id:>4}  T_step {report.t_step:9.3f}s  {phases}{extra}  gap {report.t_gap:.3f}s"
+            f"  | v{report.rollout_weight_version}→v{report.published_version}"
+            f"  samples {report.num_samples} (gen {r.get('generated_samples', 0)}, drop {r.get('dropped_samples', 0)},"
+            f" abort {r.get('aborted_samples', 0)})  reward {report.reward_mean:.3f}"
+            f"  resp_len {report.response_length_mean:.1f}")
+
+
+def format_startup(report: StartupReport) -> str:
+    return (f"start-up {report.t_total:.3f}s  onload_weights {report.t_onload_weights:.3f}s  "
+            f"weight_sync {report.t_weight_sync:.3f}s ({report.buckets} buckets, v{report.weight_version})  "
+            f"onload_kv {report.t_onload_kv:.3f}s")
+
+
+class _Printer:
+    """Prints start-up and each step as it finishes: a table line, or one JSON object per line with --json."""
+
+    def __init__(self, as_json: bool, out: Any = None) -> None:
+        self.as_json = as_json
+        self.out = out or sys.stdout
+
+    def header(self, backend: str, extra: dict[str, Any]) -> None:
+        if self.as_json:
+            self._emit({"event": "run", "backend": backend, **extra})
+        else:
+            print(f"vime train --backend {backend}: " + ", ".join(f"{k} {v}" for k, v in extra.items()),
+                  file=self.out, flush=True)
+            print("phases: " + ", ".join(f"{_SHORT[p]} = T_{p}" for p in PHASES), file=self.out, flush=True)
+
+    def startup(self, report: StartupReport) -> None:
+        if self.as_json:
+            self._emit({"event": "startup", **report.to_dict()})
+        else:
+            print(format_startup(report), file=self.out, flush=True)
+
+    def step(self, report: StepReport) -> None:
+        if self.as_json:
+            self._emit({"event": "step", "rollout_id": report.rollout_id, "phases": report.phases(),
+                        "t_gap": report.t_gap, "t_step": report.t_step, "metrics": report.metrics()})
+        else:
+            print(format_step(report), file=self.out, flush=True)
+
+    def _emit(self, obj: dict[str, Any]) -> None:
+        print(json.dumps(obj, sort_keys=True), file=self.out, flush=True)
+
+
+def run_train(args: Any) -> int:
+    """`vime train`: run the loop on ``--backend sim`` or ``real`` and print each step's phase times."""
+    printer = _Printer(bool(getattr(args, "json", False)))
+    backend = getattr(args, "backend", "real")
+    if backend == "sim":
+        from vime.runs.sim import simulate
+
+        printer.header("sim", {"hardware": args.hardware, "model": args.model, "engines": args.rollout_num_engines,
+                               "samples_per_rollout": args.samples_per_rollout, "seed": args.seed})
+        sim = simulate(args, progress=None, on_startup=printer.startup, on_step=printer.step)
+        if sim.oom is not None:
+            raise sim.oom
+        return 0
+    if backend == "real":
+        from vime.runs.real import run_real
+
+        printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
+        run_real(args, on_startup=printer.startup, on_step=printer.step)
+        return 0
+    raise ConfigError(f"--backend {backend!r} is unknown; use sim or real")

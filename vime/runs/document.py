@@ -1,0 +1,137 @@
+"""The ``vime.simulate/1`` JSON document of one simulated configuration (`vime simulate --json`).
+
+Keys of the top-level object:
+
+- ``schema``: ``"vime.simulate/1"``; ``vime_version``.
+- ``config``: the resolved configuration (`vime simulate --dry-run --json`).
+- ``hardware`` / ``model``: what was simulated (name, memory, peak FLOP/s; parameters, layers).
+- ``startup``: start-up phases (seed steps 1–13) in seconds.
+- ``steps``: per simulated step: ``rollout_id``, ``phases`` {rollout, offload, train,
+  onload_weights, weight_sync, onload_kv} in seconds, ``t_gap``, ``t_step``, ``metrics``
+  (perf/…, rollout/…, train/… as `vime train` logs them).
+- ``summary``: ``t_step`` (mean over the steps) and ``phases`` {name: {seconds, percent}}
+  (percent of T_step; a ``gap`` entry when the steps had time outside the six phases).
+- ``rollout``: ``tokens_generated`` (per step), ``tokens_per_s_per_gpu``, ``longest_sample_tokens``,
+  ``engine_busy_share``, ``kv_blocks_total``, ``kv_blocks_peak``, ``kv_blocks_used_share``,
+  ``preemptions``, ``aborted_requests``.
+- ``memory``: ``gpus``: [{gpu, capacity_gib, peak_gib, headroom_gib, peak_phase, peak_rollout_id,
+  by_owner_tag_gib (at the peak), tag_peaks_gib (each owner/tag's own maximum)}],
+  ``host_pinned_peak_gib``.
+- ``verdict``: ``fits`` (bool), ``oom`` (null or {phase, rollout_id, gpu, owner, tag,
+  requested_gib, free_gib, short_by_gib, time_s, message}), ``fixes`` ([str]; when an OOM
+  happened, each fix was simulated and says whether it then fits).
+- ``wall_s``: wall-clock seconds the simulation took (the only field that is not deterministic;
+  omitted with ``--seed``-stable output requested by tests through ``deterministic=True``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vime import __version__
+from vime.orchestrator import PHASES, StepReport
+from vime.runs.sim import Simulation
+
+SCHEMA = "vime.simulate/1"
+GiB = 1024**3
+
+
+def _r(x: float, nd: int = 4) -> float:
+    return round(float(x), nd)
+
+
+def _summary(steps: list[StepReport]) -> dict[str, Any]:
+    if not steps:
+        return {"t_step": 0.0, "phases": {p: {"seconds": 0.0, "percent": 0.0} for p in PHASES}}
+    n = len(steps)
+    t_step = sum(s.t_step for s in steps) / n
+    phases: dict[str, float] = {p: sum(getattr(s, f"t_{p}") for s in steps) / n for p in PHASES}
+    extra = sum(s.t_gap + s.t_save + s.t_eval for s in steps) / n
+    if extra > 1e-9:
+        phases["gap"] = extra
+    return {"t_step": _r(t_step), "phases": {p: {"seconds": _r(t), "percent": _r(100 * t / t_step if t_step else 0, 2)}
+                                             for p, t in phases.items()}}
+
+
+def _rollout_figures(sim: Simulation) -> dict[str, Any]:
+    stats = sim.backends.rollout_stats()
+    steps = sim.steps
+    n = max(1, len(steps))
+    t_rollout = sum(s.t_rollout for s in steps)
+    tokens = sum(s.rollout.get("response_tokens", 0) for s in steps)
+    rollout_gpus = int(sim.args.rollout_num_gpus)
+    total = stats.get("kv_blocks_total", 0) or 0
+    return {
+        "tokens_generated": int(round(tokens / n)),
+        "tokens_per_s_per_gpu": _r(tokens / t_rollout / rollout_gpus if t_rollout else 0.0, 2),
+        "longest_sample_tokens": max((int(s.rollout.get("max_response_length", 0)) for s in steps), default=0),
+        "engine_busy_share": _r(stats["busy_s_mean"] / t_rollout if t_rollout else 0.0, 3),
+        "kv_blocks_total": int(total),
+        "kv_blocks_peak": int(stats.get("kv_blocks_peak", 0)),
+        "kv_blocks_used_share": _r(stats.get("kv_blocks_peak", 0) / total if total else 0.0, 3),
+        "preemptions": int(stats.get("preemptions", 0)),
+        "aborted_requests": int(stats.get("aborted", 0)),
+    }
+
+
+def _memory(sim: Simulation) -> dict[str, Any]:
+    from vime.sim.memory import HOST
+
+    rec = sim.backends.recorder
+    gpus = []
+    for gpu in sim.backends.gpus:
+        peak = rec.gpu_peaks.get(gpu.index)
+        cap = int(gpu.capacity)
+        peak_bytes = peak.bytes if peak else 0
+        tag_peaks = {f"{o}/{t}": _r(p.bytes / GiB, 3) for (g, o, t), p in sorted(rec.tag_peaks.items())
+                     if g == gpu.index and p.bytes > 0}
+        gpus.append({
+            "gpu": gpu.index,
+            "capacity_gib": _r(cap / GiB, 3),
+            "peak_gib": _r(peak_bytes / GiB, 3),
+            "headroom_gib": _r((cap - peak_bytes) / GiB, 3),
+            "peak_phase": peak.phase if peak else "",
+            "peak_rollout_id": peak.rollout_id if peak else None,
+            "by_owner_tag_gib": {f"{o}/{t}": _r(b / GiB, 3) for o, t, b in (peak.breakdown if peak else ()) if b > 0},
+            "tag_peaks_gib": tag_peaks,
+        })
+    host = rec.gpu_peaks.get(HOST)
+    return {"gpus": gpus, "host_pinned_peak_gib": _r(host.bytes / GiB, 3) if host else 0.0}
+
+
+def _verdict(sim: Simulation) -> dict[str, Any]:
+    if sim.oom is None:
+        return {"fits": True, "oom": None, "fixes": []}
+    o = sim.oom
+    return {"fits": False,
+            "oom": {"phase": o.phase or "startup", "rollout_id": sim.backends.recorder.rollout_id, "gpu": o.gpu, "owner": o.owner,
+                    "tag": o.tag, "requested_gib": _r(o.requested / GiB, 3), "free_gib": _r(o.free / GiB, 3),
+                    "short_by_gib": _r((o.requested - o.free) / GiB, 3),
+                    "time_s": _r(o.time if o.time is not None else 0.0), "message": str(o)},
+            "fixes": list(sim.fixes)}
+
+
+def build_document(sim: Simulation, *, deterministic: bool = False) -> dict[str, Any]:
+    """The ``vime.simulate/1`` document (module docstring); identical for identical inputs and seed,
+    apart from ``wall_s`` (left out with `deterministic`)."""
+    hw, model = sim.backends.hardware, sim.backends.model
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "vime_version": __version__,
+        "config": sim.args.to_dict(),
+        "hardware": {"name": hw.name, "memory_gib": _r(hw.memory_bytes / GiB, 2), "bf16_tflops": _r(hw.bf16_flops / 1e12, 1),
+                     "hbm_tb_per_s": _r(hw.hbm_bytes_per_s / 1e12, 2)},
+        "model": {"name": model.name, "params_b": _r(model.num_params() / 1e9, 3), "layers": model.num_layers,
+                  "hidden_size": model.hidden_size},
+        "startup": sim.startup.to_dict() if sim.startup else None,
+        "steps": [{"rollout_id": s.rollout_id, "phases": {k: _r(v, 6) for k, v in s.phases().items()},
+                   "t_gap": _r(s.t_gap, 6), "t_step": _r(s.t_step, 6),
+                   "metrics": {k: _r(v, 6) for k, v in sorted(s.metrics().items())}} for s in sim.steps],
+        "summary": _summary(sim.steps),
+        "rollout": _rollout_figures(sim),
+        "memory": _memory(sim),
+        "verdict": _verdict(sim),
+    }
+    if not deterministic:
+        doc["wall_s"] = _r(sim.wall_s, 3)
+    return doc

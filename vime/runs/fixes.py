@@ -1,0 +1,72 @@
+"""Fixes for an out-of-memory: candidate changes aimed at the owner and tag that ran out, each checked by simulating it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vime.errors import ConfigError, OutOfMemoryError
+from vime.runs.sim import Simulation, simulate
+
+GiB = 1024**3
+
+
+def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[str, Any]]]:
+    """Changes that address the owner/tag that ran out, most targeted first."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    tp = int(args.tensor_model_parallel_size)
+    gpus = int(args.actor_num_gpus)
+    owner, tag = oom.owner, oom.tag
+    util = float(args.gpu_memory_utilization)
+    if owner.startswith("engine") or tag in ("kv_cache", "weights", "cuda_graph"):
+        for u in (round(util - 0.1, 2), round(util - 0.2, 2), round(util - 0.3, 2)):
+            if u >= 0.3:
+                out.append((f"lower --gpu-memory-utilization to {u}", {"gpu_memory_utilization": u}))
+        if not args.offload_train:
+            out.append(("enable --offload-train (the trainer leaves the GPU while engines run)",
+                        {"offload_train": True}))
+    if tag == "activations" or owner.startswith("trainer"):
+        mbs = int(args.micro_batch_size)
+        m = mbs // 2
+        while m >= 1:
+            out.append((f"lower --micro-batch-size to {m}", {"micro_batch_size": m}))
+            m //= 2
+    if owner.startswith("trainer") or tag in ("params", "grads", "optimizer"):
+        if not args.use_distributed_optimizer:
+            out.append(("enable --use-distributed-optimizer (Adam state sharded over DP)",
+                        {"use_distributed_optimizer": True}))
+        t = tp * 2
+        while t <= min(8, gpus):
+            if gpus % t == 0:
+                out.append((f"raise --tensor-model-parallel-size to {t}", {"tensor_model_parallel_size": t}))
+            t *= 2
+        if not args.offload_train:
+            out.append(("enable --offload-train", {"offload_train": True}))
+    if owner.startswith("engine") and int(args.rollout_num_gpus_per_engine) * 2 <= int(args.rollout_num_gpus):
+        g = int(args.rollout_num_gpus_per_engine) * 2
+        out.append((f"raise --rollout-num-gpus-per-engine to {g} (weights and KV split over more GPUs)",
+                    {"rollout_num_gpus_per_engine": g}))
+    seen: set[str] = set()
+    return [(d, c) for d, c in out if not (d in seen or seen.add(d))]  # type: ignore[func-returns-value]
+
+
+def check_fixes(sim: Simulation, limit: int = 6) -> list[str]:
+    """Simulate each candidate fix for one step; say which ones make the configuration fit."""
+    assert sim.oom is not None
+    results = []
+    for desc, change in _candidate_fixes(sim.args, sim.oom)[:limit]:
+        try:
+            trial_args = sim.args.replace(num_rollout=sim.args.start_rollout_id + 1, **change)
+        except ConfigError as exc:
+            results.append(f"{desc}: not a valid configuration ({exc})")
+            continue
+        trial = simulate(trial_args)
+        if trial.fits:
+            t = trial.steps[0].t_step if trial.steps else 0.0
+            results.append(f"{desc}: fits (simulated T_step {t:.2f} s)")
+        else:
+            o = trial.oom
+            assert o is not None
+            results.append(f"{desc}: still OOM ({o.owner}/{o.tag} on GPU {o.gpu}, short by "
+                           f"{(o.requested - o.free) / GiB:.2f} GiB)")
+    # Fixes that fit first, in the order tried.
+    return sorted(results, key=lambda r: 0 if ": fits" in r else 1)

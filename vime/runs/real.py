@@ -1,0 +1,36 @@
+"""Real runs: vLLM servers behind vllm-router and Megatron actors on Ray, driven by the same Orchestrator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from vime.errors import ConfigError
+from vime.orchestrator import Orchestrator, RunReport, StartupReport, StepReport
+from vime.rollout.generate import Rollout
+from vime.rollout.rm_hub import RewardHub
+
+
+def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = None,
+             on_step: Callable[[StepReport], None] | None = None) -> RunReport:
+    """Launch the real backends (`vime.real.session`), run start-up and every step on a real event loop."""
+    try:
+        from vime.real.session import real_session
+    except ImportError as exc:
+        raise ConfigError(
+            "`vime train --backend real` needs the real backends (vime.real.session: vLLM servers behind "
+            "vllm-router, Megatron actors on Ray), which are not available in this installation "
+            f"({exc}); install `vime[vllm,train]`, or run the loop on the simulator with --backend sim") from exc
+
+    async def main() -> RunReport:
+        async with real_session(args) as session:
+            reward = RewardHub(args, tokenizer=session.tokenizer)
+            rollout = Rollout(args, session.router, num_engines=len(session.engines), tokenizer=session.tokenizer,
+                              reward=reward)
+            orch = Orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,
+                                data_source=session.data_source, rollout=rollout,
+                                eval_source=session.eval_source, observers=list(session.observers))
+            return await orch.run(on_startup=on_startup, on_step=on_step)
+
+    return asyncio.run(main())
