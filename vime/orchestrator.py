@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vime.algo.weight_sync import should_flush_cache
 from vime.checkpoint import checkpoint_path, read_rollout_state, resolve_checkpoint, write_rollout_state
 from vime.errors import ConfigError, EngineError
 from vime.protocols import (
@@ -38,7 +37,7 @@ from vime.protocols import (
 from vime.rollout.batch_builder import BatchBuilder
 from vime.rollout.generate import Rollout, RolloutOutput
 from vime.types import TrainBatch
-from vime.weight_sync import publish_weights
+from vime.weight_sync import publish_weights, should_flush_cache
 
 #: The six phases of T_step, in seed order, with the ecosystem's metric names.
 PHASES: tuple[str, ...] = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")

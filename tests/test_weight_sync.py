@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vime.algo.weight_sync import pause_mode_for_update, should_flush_cache
+from vime.weight_sync import pause_mode_for_update, should_flush_cache
 
 
 def test_seed_first_publication_and_next() -> None:
