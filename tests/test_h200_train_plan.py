@@ -60,8 +60,12 @@ def model_dir(layout: tuple[str, str, tuple[int, ...]], tmp_path_factory: pytest
 @pytest.fixture(scope="module")
 def planned(layout: tuple[str, str, tuple[int, ...]], model_dir: Path,
             tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
-    prompts = tmp_path_factory.mktemp("prompts") / "toy.jsonl"
+    from vime.rollout.toy_task import ToyTask, write_prompts
+
     gpus, model, _ = layout
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    prompts = write_prompts(tmp_path_factory.mktemp("prompts") / "toy.jsonl",
+                            ToyTask(vocab_size=vocab, num_prompts=256, prompt_len=128))
     return (_lines("--print-args", str(model_dir), str(prompts), gpus=gpus, model=model),
             _lines("--print-train-only", gpus=gpus, model=model))
 

@@ -48,8 +48,16 @@ def predict(spec: str, work: Path) -> dict:
     # run.sh's paths on the machine, so the recorded arguments are the ones the run uses
     machine_dir = Path("/tmp/vime-train/models") / model
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    args = run_args(gpus, model, offload, machine_dir, Path(f"/tmp/vime-train/toy-{vocab}.jsonl"))
-    local = [str(model_dir / "config.json") if a == str(machine_dir / "config.json") else a for a in args]
+    machine_prompts = Path(f"/tmp/vime-train/toy-{vocab}.jsonl")
+    args = run_args(gpus, model, offload, machine_dir, machine_prompts)
+    # the same prompts run.sh writes there (the toy task is deterministic)
+    prompts = work / machine_prompts.name
+    if not prompts.exists():
+        from vime.rollout.toy_task import ToyTask, write_prompts
+
+        write_prompts(prompts, ToyTask(vocab_size=vocab, num_prompts=256, prompt_len=128))
+    swap = {str(machine_dir / "config.json"): str(model_dir / "config.json"), str(machine_prompts): str(prompts)}
+    local = [swap.get(a, a) for a in args]
     from vime.cli import main as vime_main
 
     buf = io.StringIO()

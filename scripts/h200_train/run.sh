@@ -50,8 +50,9 @@ PROMPTS=$W/toy-$VOCAB.jsonl
 
 # The run: colocated on every GPU, trainer TP x DP, one vLLM engine per TP group behind vllm-router, GRPO,
 # 32 prompts x 8 samples, responses <= 1024 tokens, CUDA-IPC weight sync. The simulator-only flags (--model,
-# --hardware, --*-length) describe the same run to `vime simulate`; a random model rarely samples EOS (and a
-# tokenizer-less one has none), so responses are modelled at the cap.
+# --hardware, --response-length) describe the same run to `vime simulate`, which takes the prompt lengths from
+# --prompt-data; a random model rarely samples EOS (and a tokenizer-less one has none), so responses are
+# modelled at the cap.
 run_args() {
   ARGS=(
     --colocate --actor-num-nodes 1 --actor-num-gpus-per-node "$GPUS"
@@ -63,7 +64,7 @@ run_args() {
     --update-weight-mode tensor --train-offload-backend "$OFFLOAD"
     --hf-checkpoint "$1" --prompt-data "$2"
     --model "$1/config.json" --hardware "$REPO/bench/data/H200-141G-measured.json"
-    --prompt-length "fixed:$PROMPT_LEN" --response-length fixed:1024
+    --response-length fixed:1024
     --json
   )
   # shellcheck disable=SC2206  # EXTRA_ARGS is a flag list by design

@@ -110,7 +110,7 @@ def test_missing_file_and_bad_json(tmp_path):
         load_hardware(str(tmp_path / "nope.json"))
     bad = tmp_path / "x.json"
     bad.write_text("{")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="is not JSON"):
         load_hardware(str(bad))
 
 

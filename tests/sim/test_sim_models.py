@@ -164,7 +164,7 @@ def test_moe_unknown_and_broken_configs_fail_clearly(tmp_path):
     assert all(p in str(info.value) for p in PRESETS)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"hidden_size": 8}))
-    with pytest.raises(ConfigError, match="lacks"):
+    with pytest.raises(ConfigError, match="'num_hidden_layers' is missing"):
         load_model(str(path))
     with pytest.raises(ConfigError, match="not a multiple"):
         ModelSpec("x", 1, 8, 8, 3, 2, 8, 10)

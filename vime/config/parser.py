@@ -49,12 +49,13 @@ def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `vime` parser: subcommands `train` and `simulate`, built from the same option declarations."""
-    parser = _Parser(prog="vime", description="RL post-training on real GPUs (train) or in a "
+    # no prefix matching (`--micro 4`), as Megatron and slime: an abbreviation breaks when a flag is added
+    parser = _Parser(prog="vime", allow_abbrev=False, description="RL post-training on real GPUs (train) or in a "
                                               "simulator of GPU memory and timing (simulate).")
     sub = parser.add_subparsers(dest="command", metavar="{train,simulate}", required=True)
     for command, help_ in (("train", "run RL training (real GPUs, or --backend sim)"),
                            ("simulate", "simulate the RL step: time per phase, memory per GPU, OOM")):
-        p = sub.add_parser(command, help=help_, description=help_)
+        p = sub.add_parser(command, help=help_, description=help_, allow_abbrev=False)
         _add_options(p, command)
     return parser
 

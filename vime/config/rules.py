@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import fields
 from typing import Any
@@ -13,6 +14,9 @@ from vime.errors import ConfigError
 
 #: Steps `vime simulate` runs when --num-rollout is not given.
 SIMULATE_DEFAULT_NUM_ROLLOUT = 2
+#: Upper bounds past which a number is a typo, not a setting.
+PLAUSIBLE_MAX: dict[str, float] = {"lr": 1.0, "rollout_temperature": 100.0, "kl_coef": 1e3, "kl_loss_coef": 1e3,
+                                   "eps_clip_high": 10.0, "eps_clip_c": 1e3, "target_step_time": 1e7}
 
 
 def _need(cond: bool, message: str) -> None:
@@ -43,6 +47,7 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
     _sampling(v)
     _algorithm(v)
     _sim_inputs(v)
+    _files(v, set(raw), command)
     gbs, mbs = v["global_batch_size"], v["micro_batch_size"]
     v["derived"] = DerivedConfig(
         command=command,
@@ -57,7 +62,14 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
 
 
 def _check_ranges(v: dict[str, Any]) -> None:
-    """Plain ranges."""
+    """Plain ranges; every number finite (argparse takes ``inf`` and ``nan`` as floats)."""
+    for name, value in v.items():
+        if isinstance(value, float):
+            _need(math.isfinite(value), f"{_flags_of(name)} {value} is not a finite number; give a finite value")
+    for name, high in PLAUSIBLE_MAX.items():
+        if v.get(name) is not None:
+            _need(v[name] <= high, f"{_flags_of(name)} {v[name]:g} is implausibly large (above {high:g}); "
+                                   f"check the value")
     for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine",
                  "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                  "micro_batch_size", "rollout_batch_size", "n_samples_per_prompt",
@@ -227,6 +239,49 @@ def _sim_inputs(v: dict[str, Any]) -> None:
         if val.endswith(".json"):
             _need(os.path.isfile(val), f"{_flags_of(name)} {val}: file not found; give a preset name or "
                                        f"an existing JSON file")
+
+
+def _writable(path: str, *, make_parents: bool = False) -> bool:
+    """Whether file `path` can be created or overwritten: its directory exists and is writable (with
+    `make_parents`, its nearest existing ancestor is: the caller creates the rest)."""
+    p = os.path.abspath(path)
+    if os.path.isdir(p):
+        return False
+    parent = os.path.dirname(p)
+    while make_parents and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    return os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)
+
+
+def _files(v: dict[str, Any], given: set[str], command: str) -> None:
+    """Input files exist and output places are writable before any work starts; inputs that a command
+    would ignore are refused."""
+    if v["prompt_data"] is not None:
+        _need(os.path.isfile(v["prompt_data"]), f"--prompt-data {v['prompt_data']}: file not found; give an "
+                                                f"existing JSONL dataset")
+        _need(not (command == "simulate" and "prompt_length" in given),
+              "--prompt-data and --prompt-length both set the simulated prompt lengths; give one (the simulator "
+              "takes the dataset's prompt lengths from --prompt-data)")
+    if v["load"] is not None:
+        _need(os.path.isdir(v["load"]), f"--load {v['load']}: no such checkpoint directory; give the --save "
+                                        f"directory of an earlier run (or leave --load out)")
+    for name in ("trace_out", "report"):
+        if v[name] is not None:
+            _need(_writable(v[name]), f"{_flags_of(name)} {v[name]}: cannot be written (its directory is missing "
+                                      f"or read-only, or it is a directory); give a writable file path")
+    if v["save"] is not None:
+        _need(os.path.isdir(v["save"]) and os.access(v["save"], os.W_OK) or
+              not os.path.exists(v["save"]) and _writable(v["save"], make_parents=True),
+              f"--save {v['save']}: cannot be written; give a writable directory")
+    if command == "simulate":
+        _need(not (v["search"] and v["sweep"]),
+              "--search and --sweep cannot be combined: --search chooses the layout itself; use one of them")
+        if v["target_step_time"] is not None:
+            _need(v["search"] == "fewest-gpus", "--target-step-time is the goal of --search fewest-gpus; pass "
+                                                "--search fewest-gpus or leave it out")
+            _need(v["target_step_time"] > 0, f"--target-step-time must be > 0 seconds, got {v['target_step_time']}")
+        _need(v["max_gpus"] >= 1, f"--max-gpus must be ≥ 1, got {v['max_gpus']}")
+        _need(v["workers"] is None or v["workers"] >= 1, f"--workers must be ≥ 1, got {v['workers']}")
 
 
 def _divisor_near(n: int, want: int) -> int:

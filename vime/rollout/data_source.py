@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from vime.errors import ConfigError
-from vime.jsonl import read_jsonl
+from vime.inputs import read_jsonl
 from vime.types import Sample, SampleStatus
 
 

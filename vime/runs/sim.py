@@ -45,9 +45,22 @@ class Simulation:
         return RunReport(self.startup, list(self.steps))
 
 
-def synthetic_data_source(args: Any, backends: Any, *, seed_offset: int = 0,
-                          n_samples_per_prompt: int | None = None) -> DataSource:
-    """Synthetic prompts for the simulator: lengths from ``--prompt-length``, token ids below the model's vocab."""
+def sim_data_source(args: Any, backends: Any, *, seed_offset: int = 0,
+                    n_samples_per_prompt: int | None = None) -> DataSource:
+    """The simulator's prompts: the ``--prompt-data`` dataset when given (its prompt lengths are what the
+    engines are charged for; text prompts need the ``--hf-checkpoint`` tokenizer), else synthetic prompts
+    with lengths from ``--prompt-length`` and token ids below the model's vocabulary."""
+    if getattr(args, "prompt_data", None):
+        import os
+
+        from vime.rollout.data_source import load_tokenizer
+
+        # a tokenizer only from a local checkpoint: the simulator never downloads one
+        local = bool(args.hf_checkpoint) and os.path.isdir(args.hf_checkpoint)
+        source = DataSource.from_args(args, tokenizer=load_tokenizer(args) if local else None)
+        if n_samples_per_prompt:
+            source.n_samples_per_prompt = n_samples_per_prompt
+        return source
     seed = int(args.seed) + seed_offset
     lengths = backends.lengths
     cap = int(args.rollout_max_prompt_len)
@@ -67,7 +80,7 @@ def build_sim_orchestrator(args: Any, backends: Any, *, engines: Sequence[Any] |
                            progress: bool | None = False, data_source: DataSource | None = None) -> Orchestrator:
     """An Orchestrator over simulated backends (or over wrappers of them given as engines/router/trainer).
 
-    Prompts are synthetic (`synthetic_data_source`); the reward is ``--rm-type`` when given, else
+    Prompts come from `sim_data_source`; the reward is ``--rm-type`` when given, else
     the simulator's seeded Bernoulli reward. The backends' recorder observes every phase.
     """
     engines = list(engines if engines is not None else backends.engines)
@@ -77,10 +90,10 @@ def build_sim_orchestrator(args: Any, backends: Any, *, engines: Sequence[Any] |
     rollout = Rollout(args, router, num_engines=len(engines), reward=reward, progress=progress)
     eval_source = None
     if getattr(args, "eval_interval", None):
-        eval_source = synthetic_data_source(args, backends, seed_offset=1,
-                                            n_samples_per_prompt=getattr(args, "n_samples_per_eval_prompt", None) or 1)
+        eval_source = sim_data_source(args, backends, seed_offset=1,
+                                      n_samples_per_prompt=getattr(args, "n_samples_per_eval_prompt", None) or 1)
     return Orchestrator(args, engines=engines, router=router, trainer=trainer,
-                        data_source=data_source or synthetic_data_source(args, backends), rollout=rollout,
+                        data_source=data_source or sim_data_source(args, backends), rollout=rollout,
                         observers=[backends.recorder, *observers], eval_source=eval_source)
 
 

@@ -58,12 +58,13 @@ Every effective rate the models use is ``peak × efficiency``, through the prope
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from vime.errors import ConfigError
+from vime.inputs import read_json
 
 GiB = 1024**3
 
@@ -73,6 +74,20 @@ _HARDWARE_DIR = Path(__file__).parent / "data" / "hardware"
 DEFAULT_HARDWARE = "H100-SXM-80G"
 #: Short names users type.
 ALIASES = {"h100": "H100-SXM-80G", "h100-sxm": "H100-SXM-80G", "h200": "H200-141G", "a100": "A100-80G"}
+
+
+#: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or
+#: a wrong unit (GB for bytes, TFLOP/s for FLOP/s), not a chip.
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    "memory_bytes": (1 << 30, 1 << 46, "bytes (1 GiB to 64 TiB)"),
+    "bf16_flops": (1e12, 1e17, "FLOP/s"),
+    "hbm_bytes_per_s": (1e10, 1e14, "bytes/s"),
+    "nvlink_bytes_per_s": (1e8, 1e14, "bytes/s"),
+    "host_link_h2d_bytes_per_s": (1e8, 1e13, "bytes/s"),
+    "host_link_d2h_bytes_per_s": (1e8, 1e13, "bytes/s"),
+    "internode_bytes_per_s": (1e7, 1e14, "bytes/s"),
+    "cuda_context_bytes": (0, 1 << 36, "bytes"),
+}
 
 
 @dataclass(frozen=True)
@@ -314,10 +329,17 @@ class HardwareSpec:
         def number(key: str, value: Any, *, positive: bool = True) -> float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"hardware profile {origin}: {key} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ConfigError(f"hardware profile {origin}: {key} must be finite, got {value!r}")
             if positive and not value > 0:
                 raise ConfigError(f"hardware profile {origin}: {key} must be > 0, got {value!r}")
             if not positive and value < 0:
                 raise ConfigError(f"hardware profile {origin}: {key} must be >= 0, got {value!r}")
+            if key in PLAUSIBLE:
+                low, high, unit = PLAUSIBLE[key]
+                if not low <= value <= high:
+                    raise ConfigError(f"hardware profile {origin}: {key} = {value:g} is outside the plausible range "
+                                      f"[{low:g}, {high:g}] {unit}; check the unit")
             return float(value)
 
         def section(key: str, klass: type, zero_ok: frozenset[str]) -> Any:
@@ -401,17 +423,14 @@ def load_hardware(name_or_path: str | Path = DEFAULT_HARDWARE) -> HardwareSpec:
     by_lower.update({a: k for a, k in ALIASES.items() if k in presets})
     if text.lower() in by_lower:
         entry = presets[by_lower[text.lower()]]
-        return HardwareSpec.from_dict(json.loads(entry.read_text(encoding="utf-8")),
+        return HardwareSpec.from_dict(read_json(entry, what="hardware preset", missing_hint="reinstall vime"),
                                       origin=f"preset {by_lower[text.lower()]}")
     path = Path(text)
     if text.endswith(".json") or path.exists():
         if not path.is_file():
             raise ConfigError(f"--hardware {text!r}: no such file; pass a preset name "
                               f"({', '.join(sorted(presets))}) or an existing JSON profile")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--hardware {text!r}: not valid JSON ({exc})") from exc
+        data = read_json(path, what="--hardware", missing_hint="pass a preset name or an existing JSON profile")
         return HardwareSpec.from_dict(data, origin=str(path))
     raise ConfigError(f"--hardware {text!r}: unknown GPU; known presets: {', '.join(sorted(presets))}, "
                       f"or pass a JSON profile path (schema in vime/sim/hardware.py)")

@@ -18,7 +18,7 @@ from statistics import NormalDist
 from typing import Any, Literal
 
 from vime.errors import ConfigError
-from vime.jsonl import read_jsonl
+from vime.inputs import read_jsonl
 
 Kind = Literal["fixed", "uniform", "lognormal", "trace"]
 _KINDS = ("fixed", "uniform", "lognormal", "trace")

@@ -14,7 +14,6 @@ over TP; norms are replicated; when ``num_kv_heads < TP`` each rank keeps one wh
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vime.errors import ConfigError
+from vime.hf_config import HFModelConfig, load_hf_config, parse_hf_config
+from vime.inputs import read_json
 
 _MODELS_DIR = Path(__file__).parent / "data" / "models"
 
@@ -29,7 +30,6 @@ _MODELS_DIR = Path(__file__).parent / "data" / "models"
 DEFAULT_MODEL = "Qwen3-4B"
 
 Recompute = Literal["none", "selective", "full"]
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -340,38 +340,17 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
-        """Read the architecture fields of an HF config.json dict; MoE and non-decoder configs are refused."""
-        if "text_config" in config and "num_hidden_layers" not in config:
-            config = {**config["text_config"], "model_type": config.get("model_type", "")}
-        for key in ("num_local_experts", "num_experts", "n_routed_experts"):
-            if config.get(key):
-                raise ConfigError(f"model {name}: {key}={config[key]} — mixture-of-experts models are not "
-                                  f"simulated yet; use a dense model")
-        required = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-        missing = [k for k in required if k not in config]
-        if missing:
-            raise ConfigError(f"model {name}: config.json lacks {missing}; is it a decoder-only LM config?")
-        heads = int(config["num_attention_heads"])
-        model_type = str(config.get("model_type", ""))
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-        return cls(
-            name=name,
-            num_layers=int(config["num_hidden_layers"]),
-            hidden_size=int(config["hidden_size"]),
-            ffn_hidden_size=int(config["intermediate_size"]),
-            num_attention_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            vocab_size=int(config["vocab_size"]),
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qk_norm=bool(config.get("qk_norm", config.get("use_qk_norm", model_type.startswith("qwen3")))),
-            qkv_bias=bool(config.get("attention_bias", model_type == "qwen2")),
-            gated_mlp=str(config.get("hidden_act", "silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "gelu"),
-            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
-            dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
-            source=source,
-        )
+        """The spec of an HF config.json dict, checked by `vime.hf_config` (MoE and non-decoder configs are refused)."""
+        return cls.from_hf(parse_hf_config(config, name=name, source=source))
+
+    @classmethod
+    def from_hf(cls, hf: HFModelConfig) -> ModelSpec:
+        return cls(name=hf.name, num_layers=hf.num_layers, hidden_size=hf.hidden_size,
+                   ffn_hidden_size=hf.intermediate_size, num_attention_heads=hf.num_heads,
+                   num_kv_heads=hf.num_kv_heads, head_dim=hf.head_dim, vocab_size=hf.vocab_size,
+                   tie_embeddings=hf.tie_word_embeddings, qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias,
+                   gated_mlp=hf.gated_mlp, max_position_embeddings=hf.max_position_embeddings,
+                   dtype_bytes=hf.dtype_bytes, source=hf.source)
 
 
 def _check_parallel(tp: int, pp: int) -> None:
@@ -400,19 +379,10 @@ def load_model(name_or_path: str | Path = DEFAULT_MODEL) -> ModelSpec:
     key = text.rsplit("/", 1)[-1].lower() if "/" in text and not Path(text).exists() else text.lower()
     if key in by_lower:
         preset = by_lower[key]
-        data = json.loads(presets[preset].read_text(encoding="utf-8"))
+        data = read_json(presets[preset], what="model preset", missing_hint="reinstall vime")
         return ModelSpec.from_hf_config(data, name=preset, source=data.get("_vime_source", f"preset {preset}"))
     path = Path(text)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--model {text!r}: not valid JSON ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"--model {text!r}: expected a JSON object")
-        stem = path.parent.name if path.name == "config.json" else path.stem
-        return ModelSpec.from_hf_config(data, name=stem or text, source=str(path))
+    if path.is_dir() or path.is_file():
+        return ModelSpec.from_hf(load_hf_config(path, what="--model"))
     raise ConfigError(f"--model {text!r}: unknown model; known presets: {', '.join(sorted(presets))}, "
                       f"or pass a Hugging Face config.json path")
