@@ -25,6 +25,15 @@ class ConfigError(VimeError, ValueError):
     """An invalid or inconsistent configuration; the message names the flags, their values and a fix."""
 
 
+class Interrupted(VimeError):
+    """Ctrl-C stopped a run of many configurations; `results` holds those that finished (of `total`)."""
+
+    def __init__(self, total: int, results: list[object]) -> None:
+        self.total = total
+        self.results = results
+        self._set(f"interrupted after {len(results)} of {total} configurations", total, results)
+
+
 class LifecycleError(VimeError):
     """A call that is illegal in the component's current state (you misused it), raised before any I/O.
 

@@ -18,6 +18,7 @@ RUNNERS: dict[str, tuple[str, str]] = {
 }
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def format_table(args: Args) -> str:
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(runner(args) or 0)
+    except KeyboardInterrupt:
+        # the runners tear down what they started on the way out; no traceback for a Ctrl-C
+        print(f"vime {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except ConfigError as exc:
         print(f"vime: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

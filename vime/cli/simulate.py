@@ -11,6 +11,8 @@ from dataclasses import asdict
 from typing import Any
 
 from vime.config import Args
+from vime.errors import SimulationError
+from vime.outputs import write_atomic
 from vime.runs.sweep import PointResult
 
 _PHASE_LABEL = {"rollout": "rollout (14–32)", "offload": "offload (33–36)", "train": "train (37–42)",
@@ -75,17 +77,17 @@ def run_simulate(args: Any) -> int:
     if sim.oom is not None:
         sim.fixes = check_fixes(sim)
     doc = build_document(sim)
+    text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
     if args.trace_out:
-        from vime.report.trace import write_trace
+        from vime.report.trace import recorder_trace
 
-        write_trace(sim.backends.recorder, args.trace_out)
+        write_atomic(args.trace_out, json.dumps(recorder_trace(sim.backends.recorder), separators=(",", ":")))
     if args.report:
         from vime.report.html import render_html
 
-        with open(args.report, "w") as f:
-            f.write(render_html(doc, sim.backends.recorder))
+        write_atomic(args.report, render_html(doc, sim.backends.recorder))
     if args.json:
-        print(json.dumps(doc, indent=1, sort_keys=False))
+        print(text)
     else:
         print(format_text(doc))
         for path, what in ((args.trace_out, "trace"), (args.report, "report")):
@@ -135,14 +137,40 @@ def format_csv(results: Sequence[PointResult]) -> str:
     return buf.getvalue()
 
 
+def _dumps(doc: dict[str, Any]) -> str:
+    try:
+        return json.dumps(doc, indent=1, sort_keys=False, allow_nan=False)
+    except ValueError as exc:
+        raise SimulationError(f"the simulation produced a non-finite number ({exc}); this is a vime bug, "
+                              f"please report it with the command line") from None
+
+
+def _print_results(args: Args, results: Sequence[PointResult], schema: str, extra: dict[str, Any]) -> None:
+    if args.json:
+        print(_dumps({"schema": schema, **extra, "results": [asdict(r) for r in results]}))
+    elif args.csv:
+        print(format_csv(results), end="")
+    else:
+        print(format_results(results))
+
+
 def run_sweep_command(args: Args) -> int:
-    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv)."""
+    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv).
+
+    Ctrl-C prints the configurations that finished and exits 130.
+    """
+    from vime.errors import Interrupted
     from vime.runs.sweep import parse_sweep, run_points, search
 
     quiet = bool(args.json or args.csv) or not sys.stderr.isatty()
     if args.search:
-        best, ranked = search(args, goal=args.search, max_gpus=int(args.max_gpus),
-                              target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
+        try:
+            best, ranked = search(args, goal=args.search, max_gpus=int(args.max_gpus),
+                                  target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
+        except Interrupted as stop:
+            _print_results(args, stop.results, "vime.search/1", {"goal": args.search, "interrupted": True})  # type: ignore[arg-type]
+            print(f"vime simulate: {stop}", file=sys.stderr)
+            return 130
         if args.json:
             print(json.dumps({"schema": "vime.search/1", "goal": args.search, "best": asdict(best) if best else None,
                               "candidates": [asdict(r) for r in ranked]}, indent=1))
@@ -157,13 +185,14 @@ def run_sweep_command(args: Args) -> int:
                 print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs")
                 print(" ".join(best.argv))
         return 0 if best is not None else 3
-    points = parse_sweep(args.sweep)
-    results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet)
-    if args.json:
-        print(json.dumps({"schema": "vime.sweep/1", "results": [asdict(r) for r in results]}, indent=1))
-    elif args.csv:
-        print(format_csv(results), end="")
-    else:
-        print(format_results(results))
+    points = parse_sweep(args.sweep, max_points=int(args.max_points))
+    if not quiet:
+        print(f"simulating {len(points)} configurations", file=sys.stderr)
+    try:
+        results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet)
+    except Interrupted as stop:
+        _print_results(args, stop.results, "vime.sweep/1", {"interrupted": True})  # type: ignore[arg-type]
+        print(f"vime simulate: {stop}", file=sys.stderr)
+        return 130
+    _print_results(args, results, "vime.sweep/1", {})
     return 0
-

@@ -125,9 +125,9 @@ class RolloutConfig:
     rollout_skip_special_tokens: bool = opt(False, "drop special tokens when decoding responses")
     vllm_server_concurrency: int = opt(512, "in-flight generate requests per engine", type=int)
     router_policy: str = opt("round_robin", "vllm-router policy", choices=ROUTER_POLICIES)
-    dynamic_sampling_filter_path: str | None = opt(None, "module.function that drops finished groups",
+    dynamic_sampling_filter_path: str | None = opt(None, "module.function that drops finished groups (imports and runs that code)",
                                                    metavar="PATH")
-    custom_generate_function_path: str | None = opt(None, "module.function replacing generate()",
+    custom_generate_function_path: str | None = opt(None, "module.function replacing generate() (imports and runs that code)",
                                                     metavar="PATH")
     use_score_centering: bool = opt(False, "request sampler top-k log-probs for score centering")
     score_centering_top_k: int = opt(0, "top-k log-probs per token for score centering", type=int)
@@ -144,7 +144,8 @@ class DataConfig:
     rm_type: str | None = opt(None, "reward: math, exact, token (target id in the response), remote "
                                     "(HTTP reward model, with --rm-url) or sim (the simulator's seeded reward)")
     rm_url: str | None = opt(None, "URL of a remote reward model for --rm-type remote", metavar="URL")
-    custom_rm_path: str | None = opt(None, "module.function computing the reward", metavar="PATH")
+    custom_rm_path: str | None = opt(None, "module.function computing the reward (imports and runs that code)",
+                                  metavar="PATH")
     group_rm: bool = opt(False, "compute rewards once per finished group (batched)")
 
 
@@ -235,6 +236,8 @@ class OutputConfig:
     target_step_time: float | None = opt(None, "T_step goal in seconds for --search fewest-gpus",
                                          type=float, metavar="SECONDS", commands=("simulate",))
     max_gpus: int = opt(64, "largest GPU count --search considers", type=int, commands=("simulate",))
+    max_points: int = opt(10000, "largest --sweep cross product run without complaint (a guard against typos "
+                                 "that would simulate for hours)", type=int, commands=("simulate",))
     csv: bool = opt(False, "print a sweep or search table as CSV", commands=("simulate",))
     workers: int | None = opt(None, "parallel processes for sweeps (default: all cores)", type=int,
                               commands=("simulate",))

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vime.config import Args, build_parser
-from vime.errors import ConfigError
+from vime.errors import ConfigError, Interrupted, VimeError
 from vime.runs.sim import simulate
 
 GiB = 1024**3
 
 #: Options that describe how to report, never what to simulate: not sweepable.
-_NOT_SWEEPABLE = {"json", "dry_run", "trace_out", "report", "sweep", "search", "target_step_time", "max_gpus",
+_NOT_SWEEPABLE = {"json", "dry_run", "trace_out", "report", "sweep", "search", "target_step_time", "max_gpus", "max_points",
                   "csv", "workers", "ray_address", "backend"}
 
 
@@ -95,7 +95,27 @@ def _convert(dest: str, text: str) -> Any:
     return getattr(ns, dest)
 
 
-def parse_sweep(specs: Sequence[str]) -> list[dict[str, Any]]:
+#: Options whose values are length specs, which hold commas themselves (``lognormal:6.0,0.6``).
+_SPEC_OPTIONS = {"response_length", "prompt_length"}
+_SPEC_KINDS = ("fixed:", "uniform:", "lognormal:", "trace:")
+
+
+def split_values(dest: str, text: str) -> list[str]:
+    """The comma-separated values of one --sweep axis; for length specs a comma starts a new value only
+    where a new spec kind follows (``uniform:64,512,fixed:128`` is two values)."""
+    parts = text.split(",")
+    if dest not in _SPEC_OPTIONS:
+        return parts
+    out: list[str] = []
+    for part in parts:
+        if out and not part.strip().startswith(_SPEC_KINDS):
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def parse_sweep(specs: Sequence[str], *, max_points: int | None = None) -> list[dict[str, Any]]:
     """``["micro-batch-size=4,8", "tensor-model-parallel-size=1,2"]`` → the cross product of changes."""
     axes: list[tuple[str, list[Any]]] = []
     for spec in specs:
@@ -103,12 +123,18 @@ def parse_sweep(specs: Sequence[str]) -> list[dict[str, Any]]:
             raise ConfigError(f"--sweep {spec!r}: expected FLAG=V1,V2,... (e.g. micro-batch-size=4,8)")
         flag, values = spec.split("=", 1)
         dest = _dest_of(flag)
-        items = [v for v in values.split(",") if v.strip()]
+        items = [v for v in split_values(dest, values) if v.strip()]
         if not items:
             raise ConfigError(f"--sweep {spec!r}: no values after '='")
         if any(d == dest for d, _ in axes):
             raise ConfigError(f"--sweep names {flag} twice; give all its values in one --sweep")
         axes.append((dest, [_convert(dest, v) for v in items]))
+    total = 1
+    for _, vals in axes:
+        total *= len(vals)
+    if max_points is not None and total > max_points:
+        raise ConfigError(f"--sweep asks for {total:,} configurations, more than --max-points {max_points:,}; "
+                          f"sweep fewer values, or raise --max-points if you mean it")
     return [dict(zip([d for d, _ in axes], combo, strict=True))
             for combo in itertools.product(*[vals for _, vals in axes])]
 
@@ -128,7 +154,11 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
         return res
     res.gpus = int(args.actor_num_gpus) if args.colocate else int(args.actor_num_gpus) + int(args.rollout_num_gpus)
     res.argv = command_line(args)
-    sim = simulate(args)
+    try:
+        sim = simulate(args)
+    except VimeError as exc:  # an unknown model, an engine that cannot hold the weights: a row, not the end
+        res.valid, res.error = False, f"{type(exc).__name__}: {exc}"
+        return res
     res.fits = sim.fits
     if sim.steps:
         n = len(sim.steps)
@@ -161,32 +191,56 @@ def _run_ray(base: Args, points: list[dict[str, Any]], address: str,
 
 def run_points(base: Args, points: Sequence[dict[str, Any]], *, workers: int | None = None,
                ray_address: str | None = None, progress: bool = False) -> list[PointResult]:
-    """Simulate every point in parallel; the result list is ranked (fits by T_step, then OOM, then invalid)."""
+    """Simulate every point in parallel; the result list is ranked (fits by T_step, then OOM, then invalid).
+
+    Ctrl-C stops at once: queued points are cancelled, the worker processes terminated, and `Interrupted`
+    carries the ranked results that finished.
+    """
     from tqdm import tqdm
 
     points = list(points)
     bar = tqdm(total=len(points), unit="config", disable=not progress, file=sys.stderr, desc="simulating")
+    results: list[PointResult] = []
     try:
         if ray_address:
             results = _run_ray(base, points, ray_address, lambda: bar.update(1))
         else:
             n = max(1, min(workers or os.cpu_count() or 1, len(points)))
             if n == 1:
-                results = []
                 for p in points:
                     results.append(simulate_point(base, p))
                     bar.update(1)
             else:
-                import multiprocessing as mp
-
-                with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-                    futures = [pool.submit(simulate_point, base, p) for p in points]
-                    for _ in as_completed(futures):
-                        bar.update(1)
-                    results = [f.result() for f in futures]
+                _run_pool(n, simulate_point, [(base, p) for p in points], results, bar)
+    except KeyboardInterrupt:
+        raise Interrupted(len(points), sorted(results, key=PointResult.rank_key)) from None
     finally:
         bar.close()
     return sorted(results, key=PointResult.rank_key)
+
+
+def _run_pool(n: int, fn: Callable[..., Any], calls: list[tuple[Any, ...]], out: list[Any], bar: Any) -> None:
+    """`fn(*call)` for every call in `n` forked processes, answers appended to `out` as they finish.
+    On Ctrl-C the queued calls are cancelled and the workers terminated before the interrupt propagates."""
+    import multiprocessing as mp
+
+    pool = ProcessPoolExecutor(n, mp_context=mp.get_context("fork"))
+    try:
+        futures = [pool.submit(fn, *call) for call in calls]
+        for f in as_completed(futures):
+            r = f.result()
+            if r is not None:
+                out.append(r)
+            bar.update(1)
+    except BaseException:
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join(5)
+        raise
+    pool.shutdown()
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,21 +307,19 @@ def search(base: Args, *, goal: str = "fastest", max_gpus: int = 64, target_step
     bar = tqdm(total=len(groups), unit="group", disable=not progress, file=sys.stderr, desc="searching")
     n = max(1, min(workers or os.cpu_count() or 1, len(groups)))
     found: list[PointResult] = []
-    if n == 1:
-        for g in groups:
-            r = _first_fit(base, g, max_tries)
-            if r is not None:
-                found.append(r)
-            bar.update(1)
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-            futures = [pool.submit(_first_fit, base, g, max_tries) for g in groups]
-            for _ in as_completed(futures):
+    try:
+        if n == 1:
+            for g in groups:
+                r = _first_fit(base, g, max_tries)
+                if r is not None:
+                    found.append(r)
                 bar.update(1)
-            found = [r for f in futures if (r := f.result()) is not None]
-    bar.close()
+        else:
+            _run_pool(n, _first_fit, [(base, g, max_tries) for g in groups], found, bar)
+    except KeyboardInterrupt:
+        raise Interrupted(len(groups), sorted(found, key=PointResult.rank_key)) from None
+    finally:
+        bar.close()
     ranked = sorted(found, key=PointResult.rank_key)
     if goal == "fastest":
         return (ranked[0] if ranked else None), ranked
