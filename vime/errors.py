@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class VimeError(Exception):
     """Base of every error vime raises on purpose.
@@ -28,7 +30,7 @@ class ConfigError(VimeError, ValueError):
 class Interrupted(VimeError):
     """Ctrl-C stopped a run of many configurations; `results` holds those that finished (of `total`)."""
 
-    def __init__(self, total: int, results: list[object]) -> None:
+    def __init__(self, total: int, results: list[Any]) -> None:
         self.total = total
         self.results = results
         self._set(f"interrupted after {len(results)} of {total} configurations", total, results)

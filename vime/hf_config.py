@@ -99,7 +99,7 @@ def parse_hf_config(data: Any, *, name: str, source: str = "") -> HFModelConfig:
     dtype = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
     if dtype == "auto":
         dtype = "bfloat16"
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ConfigError(f"{where}: torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     act = data.get("hidden_act", "silu")
     if not isinstance(act, str):

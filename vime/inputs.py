@@ -70,8 +70,9 @@ def number(data: Mapping[str, Any], key: str, *, where: str, default: Any = None
     if positive and value <= 0:
         raise ConfigError(f"{where}: {key!r} = {value:g} must be > 0")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ConfigError(f"{where}: {key!r} = {value:g} is outside the plausible range [{low:g}, {high:g}]; "
-                          f"check the unit")
+        bound = f"[{low:g}, {high:g}]" if low is not None and high is not None else (
+            f"≥ {low:g}" if low is not None else f"≤ {high:g}")
+        raise ConfigError(f"{where}: {key!r} = {value:g} is outside the plausible range {bound}; check the value")
     return value
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -154,6 +155,18 @@ def _print_results(args: Args, results: Sequence[PointResult], schema: str, extr
         print(format_results(results))
 
 
+def _log_point(total: int) -> Any:
+    """A line on stderr per finished configuration, for logs (a terminal gets the progress bar instead)."""
+    done = [0]
+
+    def log(r: PointResult) -> None:
+        done[0] += 1
+        status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
+        print(f"[{done[0]}/{total}] {json.dumps(r.changes, default=str)} {status}", file=sys.stderr, flush=True)
+
+    return log
+
+
 def run_sweep_command(args: Args) -> int:
     """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv).
 
@@ -186,10 +199,12 @@ def run_sweep_command(args: Args) -> int:
                 print(" ".join(best.argv))
         return 0 if best is not None else 3
     points = parse_sweep(args.sweep, max_points=int(args.max_points))
-    if not quiet:
-        print(f"simulating {len(points)} configurations", file=sys.stderr)
+    if not (args.json or args.csv):
+        workers = min(args.workers or os.cpu_count() or 1, len(points))
+        print(f"simulating {len(points)} configurations on {workers} worker(s)", file=sys.stderr, flush=True)
     try:
-        results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet)
+        results = run_points(args, points, workers=args.workers, ray_address=args.ray_address, progress=not quiet,
+                             on_result=None if (args.json or args.csv or sys.stderr.isatty()) else _log_point(len(points)))
     except Interrupted as stop:
         _print_results(args, stop.results, "vime.sweep/1", {"interrupted": True})  # type: ignore[arg-type]
         print(f"vime simulate: {stop}", file=sys.stderr)

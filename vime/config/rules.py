@@ -14,9 +14,11 @@ from vime.errors import ConfigError
 
 #: Steps `vime simulate` runs when --num-rollout is not given.
 SIMULATE_DEFAULT_NUM_ROLLOUT = 2
-#: Upper bounds past which a number is a typo, not a setting.
+#: Upper bounds past which a number is a typo, not a setting (integers: MAX_COUNT unless named here).
 PLAUSIBLE_MAX: dict[str, float] = {"lr": 1.0, "rollout_temperature": 100.0, "kl_coef": 1e3, "kl_loss_coef": 1e3,
-                                   "eps_clip_high": 10.0, "eps_clip_c": 1e3, "target_step_time": 1e7}
+                                   "eps_clip_high": 10.0, "eps_clip_c": 1e3, "target_step_time": 1e7,
+                                   "update_weight_buffer_size": float(1 << 40), "seed": float(2**63 - 1)}
+MAX_COUNT = 10**9
 
 
 def _need(cond: bool, message: str) -> None:
@@ -66,8 +68,11 @@ def _check_ranges(v: dict[str, Any]) -> None:
     for name, value in v.items():
         if isinstance(value, float):
             _need(math.isfinite(value), f"{_flags_of(name)} {value} is not a finite number; give a finite value")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            high = PLAUSIBLE_MAX.get(name, MAX_COUNT)
+            _need(value <= high, f"{_flags_of(name)} {value} is implausibly large (above {high:g}); check the value")
     for name, high in PLAUSIBLE_MAX.items():
-        if v.get(name) is not None:
+        if isinstance(v.get(name), float):
             _need(v[name] <= high, f"{_flags_of(name)} {v[name]:g} is implausibly large (above {high:g}); "
                                    f"check the value")
     for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine",

@@ -173,8 +173,7 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
     return res
 
 
-def _run_ray(base: Args, points: list[dict[str, Any]], address: str,
-             on_done: Callable[[], None]) -> list[PointResult]:
+def _run_ray(base: Args, points: list[dict[str, Any]], address: str, out: list[PointResult], bar: Any) -> None:
     try:
         import ray
     except ImportError as exc:
@@ -182,28 +181,43 @@ def _run_ray(base: Args, points: list[dict[str, Any]], address: str,
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(simulate_point)
     refs = [task.remote(base, p) for p in points]
-    out = []
-    for ref in refs:
-        out.append(ray.get(ref))
-        on_done()
-    return out
+    try:
+        for ref in refs:
+            out.append(ray.get(ref))
+            bar.update(1)
+    except BaseException:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        raise
 
 
 def run_points(base: Args, points: Sequence[dict[str, Any]], *, workers: int | None = None,
-               ray_address: str | None = None, progress: bool = False) -> list[PointResult]:
+               ray_address: str | None = None, progress: bool = False,
+               on_result: Callable[[PointResult], None] | None = None) -> list[PointResult]:
     """Simulate every point in parallel; the result list is ranked (fits by T_step, then OOM, then invalid).
 
     Ctrl-C stops at once: queued points are cancelled, the worker processes terminated, and `Interrupted`
-    carries the ranked results that finished.
+    carries the ranked results that finished. `on_result` sees each result as it finishes.
     """
     from tqdm import tqdm
 
     points = list(points)
-    bar = tqdm(total=len(points), unit="config", disable=not progress, file=sys.stderr, desc="simulating")
+    tqdm_bar = tqdm(total=len(points), unit="config", disable=not progress, file=sys.stderr, desc="simulating")
     results: list[PointResult] = []
+
+    class _Bar:
+        def update(self, n: int) -> None:
+            tqdm_bar.update(n)
+            if on_result is not None and results:
+                on_result(results[-1])
+
+        def close(self) -> None:
+            tqdm_bar.close()
+
+    bar = _Bar()
     try:
         if ray_address:
-            results = _run_ray(base, points, ray_address, lambda: bar.update(1))
+            _run_ray(base, points, ray_address, results, bar)
         else:
             n = max(1, min(workers or os.cpu_count() or 1, len(points)))
             if n == 1:

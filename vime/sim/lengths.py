@@ -57,6 +57,9 @@ def _read_trace(path: str, field: str | None) -> tuple[int, ...]:
         if isinstance(found, bool) or not isinstance(found, int | float) or found < 1:
             raise ConfigError(f"length trace {path}:{lineno} has no positive length "
                               f"(looked for {', '.join(fields)}); got {line[:80]!r}")
+        if isinstance(found, float) and not found.is_integer():
+            raise ConfigError(f"length trace {path}:{lineno}: length {found} is not a whole number of tokens; "
+                              f"write token counts")
         values.append(int(found))
     if not values:
         raise ConfigError(f"length trace {path!r} is empty; it needs at least one length")
