@@ -111,3 +111,72 @@ def policy_loss(
         kl = aggregate(ppo_kl.detach(), loss_masks, aggregation)
         ratio = aggregate((-ppo_kl.detach()).exp(), loss_masks, aggregation)
     return PolicyLossOutput(loss=loss, clipfrac=clipfrac, ppo_kl=kl, ratio_mean=ratio)
+
+
+# --------------------------------------------------------------------------------------------
+# GSPO, CISPO, truncated importance sampling, KL against a reference, entropy (issue 19)
+# --------------------------------------------------------------------------------------------
+
+
+def sequence_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                   loss_masks: Sequence[Sequence[int]] | Sequence[torch.Tensor]) -> torch.Tensor:
+    """GSPO's per-sequence importance ratio s_i = exp(mean over the masked tokens of log π − log π_old),
+    one value per sample, differentiable through `log_probs`."""
+    masks = _masks(loss_masks, log_probs.dtype, log_probs.device)
+    parts = torch.split(log_probs - old_log_probs.detach(), [int(m.numel()) for m in masks])
+    return torch.stack([((d * m).sum() / m.sum().clamp_min(1.0)).exp() for d, m in zip(parts, masks, strict=True)])
+
+
+def gspo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+              loss_masks: Sequence[Sequence[int]] | Sequence[torch.Tensor], *, eps_clip: float,
+              eps_clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO (group sequence policy optimisation): the clipped objective on sequence ratios.
+
+    loss_i = max(−s_i·A_i, −clip(s_i, 1 − eps_clip, 1 + eps_clip_high)·A_i) with A_i the sample's
+    advantage (its first masked token's; GRPO advantages are constant over a response). Returns the
+    per-sample losses and clip indicators; the sample mean is GSPO's objective.
+    """
+    masks = _masks(loss_masks, log_probs.dtype, log_probs.device)
+    s = sequence_ratio(log_probs, old_log_probs, masks)
+    adv = torch.stack([a[m.bool()][0] if m.any() else a.new_zeros(()) for a, m in
+                       zip(torch.split(advantages.detach(), [int(m.numel()) for m in masks]), masks, strict=True)])
+    loss1 = -s * adv
+    loss2 = -s.clamp(1.0 - eps_clip, 1.0 + eps_clip_high) * adv
+    return torch.maximum(loss1, loss2), torch.gt(loss2, loss1).float()
+
+
+def cispo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, *,
+               eps_clip: float, eps_clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (clipped IS-weight policy optimisation): per token −sg(clip(r, 1 − eps_clip, 1 + eps_clip_high))·A·log π.
+
+    The importance weight is clipped and detached, so unlike PPO's clip no token's gradient is
+    dropped; only its weight is bounded. Returns per-token losses and where the weight was clipped.
+    """
+    ratio = (log_probs.detach() - old_log_probs.detach()).exp()
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    return -weight * advantages.detach() * log_probs, torch.ne(weight, ratio).float()
+
+
+def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, *, clip_high: float,
+                clip_low: float = 0.0) -> torch.Tensor:
+    """Truncated importance sampling: w = clamp(π_train_old / π_rollout, clip_low, clip_high), detached —
+    corrects for the rollout engine's sampling distribution differing from the trainer's."""
+    return (old_log_probs.detach() - rollout_log_probs.detach()).exp().clamp(clip_low, clip_high)
+
+
+KLType = Literal["k1", "k2", "k3", "low_var_kl"]
+KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3", "low_var_kl")
+
+
+def approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from samples of π (Schulman's k1/k2/k3; low_var_kl = k3 clamped
+    to [−10, 10], as slime names them). With r = log π − log π_ref: k1 = r, k2 = r²/2, k3 = e^(−r) − 1 + r."""
+    r = log_probs - ref_log_probs.detach()
+    if kind == "k1":
+        return r
+    if kind == "k2":
+        return 0.5 * r * r
+    if kind in ("k3", "low_var_kl"):
+        k3 = (-r).exp() - 1.0 + r
+        return k3.clamp(-10.0, 10.0) if kind == "low_var_kl" else k3
+    raise ValueError(f"KL type {kind!r} is not one of {', '.join(KL_TYPES)}")
