@@ -9,8 +9,8 @@ from fake_vllm import FakeVLLM
 
 from vime.errors import ConfigError, EngineError, LifecycleError
 from vime.protocols import GenerateRequest, Router
-from vime.real.router import RouterSpec, VLLMRouterClient, router_command
-from vime.real.vllm_client import VLLMEngine
+from vime.real.vllm.client import VLLMEngine
+from vime.real.vllm.router import RouterSpec, VLLMRouterClient, router_command
 
 SP = {"max_tokens": 3, "temperature": 1.0, "logprobs": 1}
 

@@ -12,7 +12,7 @@ from fake_vllm import Call, FakeVLLM, generate_response
 
 from vime.errors import ConfigError, EngineError, LifecycleError, ResponseFormatError, UnknownTagError
 from vime.protocols import EngineMemory, GenerateRequest, RolloutEngine, WeightBucket
-from vime.real.vllm_client import VLLMEngine
+from vime.real.vllm.client import VLLMEngine
 
 SP = {"max_tokens": 4, "temperature": 1.0, "top_p": 1.0, "logprobs": 1, "top_k": -1}
 
@@ -568,8 +568,7 @@ def test_fast_decoder_and_json_give_the_same_answer(body):
     """The msgspec fast path must be invisible: same result or same error as json.loads + parser."""
     import json
 
-    from vime.algo.response import parse_generate_response
-    from vime.real.vllm_client import _decode_generate
+    from vime.real.vllm.response import decode_generate, parse_generate_response
 
     def outcome(data):
         try:
@@ -577,8 +576,7 @@ def test_fast_decoder_and_json_give_the_same_answer(body):
         except ResponseFormatError as exc:
             return str(exc)
     raw = json.dumps(body).encode()
-    fast = _decode_generate(raw)
-    assert outcome(json.loads(raw)) == outcome(json.loads(raw) if fast is None else fast)
+    assert outcome(json.loads(raw)) == outcome(decode_generate(raw)) == outcome(raw)
     fake = FakeVLLM(routes={("POST", "/inference/v1/generate"): answer(200, body)})
     try:
         got = run(make(fake).generate(GenerateRequest([1], dict(SP))))
@@ -589,12 +587,12 @@ def test_fast_decoder_and_json_give_the_same_answer(body):
 
 def test_pool_is_sharded_for_high_concurrency_and_single_with_an_injected_transport():
     """httpcore's pool is quadratic in its size under load, so big concurrency gets several small pools."""
-    from vime.real.vllm_client import POOL_SHARD_SIZE
+    from vime.real.vllm.http import POOL_SHARD_SIZE
 
     big = VLLMEngine("e0", "http://e0:1", max_concurrency=256)
     small = VLLMEngine("e1", "http://e1:1", max_concurrency=POOL_SHARD_SIZE)
     injected = make(FakeVLLM(), max_concurrency=256)
-    assert len(big._clients) == 256 // POOL_SHARD_SIZE
-    assert len(small._clients) == 1 and len(injected._clients) == 1
+    assert len(big.http.clients) == 256 // POOL_SHARD_SIZE
+    assert len(small.http.clients) == 1 and len(injected.http.clients) == 1
     for eng in (big, small, injected):
         run(eng.aclose())

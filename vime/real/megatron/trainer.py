@@ -188,7 +188,7 @@ class MegatronTrainer:
         opens the copy on its own GPU. The consumer asks for bucket i+1 only after every engine has
         loaded bucket i (vime.weight_sync.publish_weights), which is the acknowledgement that lets the
         ranks overwrite their buffers."""
-        from vime.real import ipc_weights
+        from vime.real.weights import ipc as ipc_weights
 
         begun = await self.call("ipc_export_begin", bucket_bytes)
         layouts = begun[0][0]
