@@ -23,10 +23,8 @@ BODY_EXCERPT = 300
 POOL_SHARD_SIZE = 8
 
 
-#: How long an idle pooled connection is kept. vLLM's API server (uvicorn) closes a connection
-#: idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE = 5 s; a client that keeps it longer can send a generate
-#: on a socket the server is closing at that moment and get ReadError (seen on the H200: the first
-#: batch after a 5 s lull failed). Dropping idle connections first removes that race.
+#: How long an idle pooled connection is kept: below uvicorn's 5 s keep-alive (VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
+#: else a generate can go out on a socket the server is closing (bench/data/h200_vllm_0.25.1_b0_keepalive_failure.json).
 KEEPALIVE_EXPIRY_S = 4.0
 
 
@@ -71,10 +69,8 @@ class EngineHTTP:
         if transport is not None:
             transports: list[httpx.AsyncBaseTransport] = [transport]
         else:
-            # httpcore's pool matches queued requests to connections in O(connections × requests)
-            # per event, so one pool of 1024 connections is quadratic under hundreds of concurrent
-            # generates (bench: 130 ms/request at 256 in flight, 12 ms with shards). Shards of <= POOL_SHARD_SIZE
-            # connections, used round-robin, keep each pool small.
+            # httpcore's pool is O(connections × requests) per event: small shards used round-robin
+            # keep it fast under hundreds of concurrent generates (bench/bench_vllm_client.py).
             shards = max(1, -(-max_concurrency // POOL_SHARD_SIZE))
             per = -(-max_concurrency // shards)
             # retries=0: a generate must never be re-sent behind the caller's back (not idempotent).
