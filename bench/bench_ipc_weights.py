@@ -1,4 +1,4 @@
-"""Trainer side of the colocated CUDA-IPC weight export (vime.real.ipc_weights): staging one 1 GiB bucket from the host backup, and building its handles.
+"""Trainer side of the colocated CUDA-IPC weight export (vime.real.weights.ipc): staging one 1 GiB bucket from the host backup, and building its handles.
 
 Run on a GPU: python -m pytest bench/bench_ipc_weights.py -q --benchmark-columns=mean,stddev,rounds
 Skipped without CUDA. The host → device copy bounds staging (pageable ~19 GB/s, pinned ~55 GB/s on
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vime.real import ipc_weights as iw
+from vime.real.weights import ipc as iw
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

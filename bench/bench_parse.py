@@ -6,7 +6,7 @@ import json
 import random
 from typing import Any
 
-from vime.algo.response import parse_generate_response
+from vime.real.vllm.response import parse_generate_response
 
 
 def make_response(n: int, *, token_strings: bool = False) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from vime.algo.response import parse_generate_response
 from vime.protocols import GenerateRequest
-from vime.real.vllm_client import VLLMEngine, _decode_generate
+from vime.real.vllm.client import VLLMEngine
+from vime.real.vllm.response import decode_generate, parse_generate_response
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "real"))
 from fake_vllm import generate_response  # noqa: E402
@@ -43,7 +43,7 @@ def test_parse_1024_token_response_json(benchmark):
 
 def test_parse_1024_token_response_client(benchmark):
     """What VLLMEngine.generate does with the body: msgspec decode of the used fields + parse (target < 1 ms)."""
-    result = benchmark(lambda: parse_generate_response(_decode_generate(BODY), engine="e0"))
+    result = benchmark(lambda: parse_generate_response(decode_generate(BODY), engine="e0"))
     assert len(result.token_ids) == TOKENS == len(result.log_probs)
     _report(benchmark, 1)
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from vime.real import ipc_weights as iw
+from vime.real.weights import ipc as iw
 
 MIB = 1 << 20
 

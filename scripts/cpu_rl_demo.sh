@@ -8,7 +8,7 @@ work=${1:-${TMPDIR:-/tmp}/vime-cpu-demo}
 shift || true
 mkdir -p "$work"
 if [ ! -f "$work/tiny/config.json" ]; then
-  python -c "import sys; from vime.real.tiny_model import build_tiny_qwen3; build_tiny_qwen3(sys.argv[1])" "$work/tiny"
+  python -c "import sys; from vime.testing.tiny_model import build_tiny_qwen3; build_tiny_qwen3(sys.argv[1])" "$work/tiny"
 fi
 vocab=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$work/tiny/config.json")
 python -m vime.rollout.toy_task "$work/toy.jsonl" --vocab-size "$vocab" --num-prompts 64

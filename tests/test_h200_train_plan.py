@@ -294,7 +294,7 @@ def test_prepare_pins_one_version_of_each_package_beside_the_vllm_set() -> None:
 def test_seed_model_config_is_what_the_builder_writes(tmp_path: Path) -> None:
     """hf_config mirrors build_tiny_qwen3 (checked on a one-layer build) and keeps TP 2 even."""
     seed_model = _load("seed_model")
-    from vime.real.tiny_model import build_tiny_qwen3
+    from vime.testing.tiny_model import build_tiny_qwen3
 
     small = seed_model.one_layer()
     built = json.loads((build_tiny_qwen3(tmp_path / "m", small) / "config.json").read_text())

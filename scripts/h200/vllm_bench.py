@@ -1,7 +1,7 @@
 """Drive a real vLLM 0.25.1 server on the lent H200 with vime's own client and launcher (issues 10, 12).
 
 Builds a random-weight Qwen3 model on the GPU (no download), starts the server with sleep mode and
-the IPC weight-transfer backend through `vime.real.launcher`, and measures with `vime.real.vllm_client`:
+the IPC weight-transfer backend through `vime.real.vllm.launcher`, and measures with `vime.real.vllm.client`:
 
 - `software`: vLLM / torch / CUDA versions, GPU, and what the server log says it chose (attention
   backend, compilation and CUDA-graph mode, KV cache size), next to the server argv;
@@ -202,7 +202,7 @@ def software_info(server_argv: list[str], log_text: str, server_version: str | N
     """The `software` record: versions, GPU, the server argv and what its log says it chose."""
     import torch
 
-    from vime.real.launcher import detect_vllm
+    from vime.real.vllm.launcher import detect_vllm
 
     install = detect_vllm()
     sw: dict = {
@@ -303,7 +303,7 @@ async def frontend_phase(eng, url: str, prompt, *, n_http: int = 20, n_gen1: int
         return call
 
     async def models():
-        r = await eng._http.get("/v1/models")  # the client's own pooled httpx client (control calls use it)
+        r = await eng.http.control.get("/v1/models")  # the client's own pooled httpx client (control calls use it)
         r.raise_for_status()
 
     async def health():
@@ -376,8 +376,8 @@ async def run(args) -> dict:
 
     from vime.errors import EngineError
     from vime.protocols import GenerateRequest
-    from vime.real.launcher import Launcher, ServerSpec, server_command
-    from vime.real.vllm_client import VLLMEngine
+    from vime.real.vllm.client import VLLMEngine
+    from vime.real.vllm.launcher import Launcher, ServerSpec, server_command
 
     t_script = time.perf_counter()
     res: dict = {"preset": args.preset, "device": args.device, "argv": sys.argv, "phases": {}, "phase_s": {},
@@ -546,7 +546,7 @@ async def run(args) -> dict:
         try:
             # --- software: versions and what the server log says it chose -------------------------
             try:
-                version_resp = await eng._http.get("/version")
+                version_resp = await eng.http.control.get("/version")
                 server_version = version_resp.json().get("version") if version_resp.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 server_version = None

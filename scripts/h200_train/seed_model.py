@@ -3,7 +3,7 @@
 Presets (``--preset``):
 
 - ``seed`` (default): a Qwen3 with Qwen3-0.6B's body and an 8192-token vocabulary, from
-  `vime.real.tiny_model` with a tokenizer trained on 60 000 corpus lines so that it really has 8192
+  `vime.testing.tiny_model` with a tokenizer trained on 60 000 corpus lines so that it really has 8192
   tokens (every id a random model samples or the toy task puts in a prompt decodes); 0.45 B params.
 - ``qwen3-4b`` / ``qwen3-0.6b``: the real models' shapes, full 151 936-token vocabulary, tied
   embeddings, no tokenizer (vime then serves token ids only: ``--skip-tokenizer-init``). The
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3  # noqa: E402
+from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3  # noqa: E402
 
 SPEC = TinyModelSpec(vocab_size=8192, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,

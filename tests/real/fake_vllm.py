@@ -106,6 +106,22 @@ class FakeVLLM:
         return [c.path for c in self.calls]
 
 
+def answer(status: int, payload: Any = None, text: str | None = None) -> Callable[[Call], httpx.Response]:
+    """A route answering `status` with `payload` as JSON, or `text`, or an empty body."""
+    def route(call: Call) -> httpx.Response:
+        if text is not None:
+            return httpx.Response(status, text=text)
+        return httpx.Response(status, json=payload) if payload is not None else httpx.Response(status)
+    return route
+
+
+def raising(exc: Exception) -> Callable[[Call], httpx.Response]:
+    """A route that fails the request with `exc` (a transport error, as httpx would raise it)."""
+    def route(call: Call) -> httpx.Response:
+        raise exc
+    return route
+
+
 @dataclass
 class _Running:
     """One generate held by `StatefulFakeVLLM`: tokens accrue with loop time while the scheduler runs."""

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from vime.errors import ConfigError, EngineError, LifecycleError
 from vime.protocols import EngineLifecycle, TrainerLifecycle, WeightBucket
-from vime.real.disk_sync import (
+from vime.real.vllm.client import VLLMEngine
+from vime.real.weights.disk import (
     INDEX_FILE,
     DiskSyncEngine,
     DiskSyncTrainer,
@@ -22,7 +23,6 @@ from vime.real.disk_sync import (
     version_dir,
     write_version,
 )
-from vime.real.vllm_client import VLLMEngine
 from vime.weight_sync import publish_weights
 
 

@@ -64,8 +64,8 @@ def test_vime_train_real_on_cpu_learns_the_toy_task(tmp_path: Path) -> None:
         pytest.skip(f"the real CPU stack is not installed ({', '.join(missing)}); bash scripts/install.sh --real installs it")
     from safetensors.torch import load_file
 
-    from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3
     from vime.rollout.toy_task import ToyTask, write_prompts
+    from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3
 
     t_start = time.monotonic()
     model = build_tiny_qwen3(tmp_path / "tiny", TinyModelSpec(seed=0))

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from vime.errors import ConfigError, TrainerError
 from vime.protocols import WeightBucket
-from vime.real import ipc_weights as iw
 from vime.real.megatron.placement import plan_placement
 from vime.real.megatron.trainer import MegatronTrainer
+from vime.real.weights import ipc as iw
 from vime.weight_sync import publish_weights
 
 
@@ -183,7 +183,7 @@ def test_coverage_check_names_the_missing_gpu():
 
 
 def test_ipc_bucket_goes_out_in_the_update_info_format():
-    from vime.real.vllm_client import VLLMEngine
+    from vime.real.vllm.client import VLLMEngine
 
     layout = iw.plan_buckets([("w", "bfloat16", [2, 3]), ("b", "float32", [3])], 1 << 20)[0]
     bucket = iw.fill_bucket(layout, [("GPU-a", [("h", 0), ("h", 1)]), ("GPU-b", [("h", 2), ("h", 3)])])

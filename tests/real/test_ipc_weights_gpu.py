@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from vime.real import ipc_weights as iw
+from vime.real.weights import ipc as iw
 
 
 def _receiver(inbox, outbox) -> None:

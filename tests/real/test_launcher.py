@@ -15,14 +15,14 @@ import pytest
 
 from vime.config import parse_args
 from vime.errors import ConfigError, EngineError
-from vime.real.launcher import (
+from vime.real.ports import free_ports
+from vime.real.vllm.launcher import (
     ENTRY_MODULE,
     Launcher,
     ServerSpec,
     VLLMInstall,
     detect_vllm,
     engine_specs,
-    free_ports,
     server_command,
     server_env,
 )
@@ -197,7 +197,8 @@ def test_sigterm_to_the_driver_stops_its_servers(tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(textwrap.dedent(f"""
         import os, sys, time
-        from vime.real.launcher import Launcher, free_ports
+        from vime.real.ports import free_ports
+        from vime.real.vllm.launcher import Launcher
         port = free_ports(1)[0]
         with Launcher({str(tmp_path / 'dlogs')!r}) as launcher:
             p = launcher.start_process("s", [sys.executable, {str(script)!r}, str(port), "0", "ok",

@@ -9,8 +9,8 @@ from fake_vllm import FakeVLLM
 
 from vime.errors import ConfigError, EngineError, LifecycleError
 from vime.protocols import GenerateRequest, Router
-from vime.real.router import RouterSpec, VLLMRouterClient, router_command
-from vime.real.vllm_client import VLLMEngine
+from vime.real.vllm.client import VLLMEngine
+from vime.real.vllm.router import RouterSpec, VLLMRouterClient, router_command
 
 SP = {"max_tokens": 3, "temperature": 1.0, "logprobs": 1}
 
@@ -66,6 +66,16 @@ def test_no_session_header_under_other_policies():
     client, router, *_ = setup("round_robin")
     run(client.generate(GenerateRequest([1], dict(SP), session_id="group-3")))
     assert "x-session-id" not in router.calls[0].headers
+
+
+def test_router_asks_for_token_ids_only_when_its_engines_have_no_tokenizer():
+    client, router, *_ = setup("round_robin")
+    run(client.generate(GenerateRequest([1], dict(SP))))
+    assert "detokenize" not in router.calls[0].body["sampling_params"]
+    for e in client.engines:
+        e.detokenize = False  # servers started with --skip-tokenizer-init
+    run(client.generate(GenerateRequest([1], dict(SP))))
+    assert router.calls[1].body["sampling_params"]["detokenize"] is False
 
 
 def test_generate_refused_before_io_when_an_engine_sleeps():

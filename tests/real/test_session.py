@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-import vime.real.launcher as launcher_mod
 import vime.real.megatron.placement as placement_mod
-import vime.real.router as router_mod
 import vime.real.session as session_mod
+import vime.real.vllm.launcher as launcher_mod
+import vime.real.vllm.router as router_mod
 import vime.rollout.data_source as data_mod
 from vime.config import parse_args
 from vime.errors import ConfigError, EngineError
-from vime.real.disk_sync import DiskSyncEngine, DiskSyncTrainer
-from vime.real.router import RouterSpec
+from vime.real.vllm.router import RouterSpec
+from vime.real.weights.disk import DiskSyncEngine, DiskSyncTrainer
 from vime.rollout.toy_task import ToyTask, write_prompts
 
 
@@ -50,10 +50,10 @@ def test_server_overrides_on_cpu_and_gpu(tmp_path):
     cpu = session_mod.server_overrides(disk, "cpu")
     assert cpu["dtype"] == "float32" and cpu["enforce_eager"] and cpu["cpu_kvcache_space_gib"] >= 1
     assert cpu["weight_transfer_backend"] is None
-    from vime.real import vllm_cpu_fix
+    from vime.real.vllm import cpu_fix
 
-    assert cpu["extra_env"]["PYTHONPATH"].split(os.pathsep)[0] == vllm_cpu_fix.PATH
-    assert (Path(vllm_cpu_fix.PATH) / "sitecustomize.py").is_file()
+    assert cpu["extra_env"]["PYTHONPATH"].split(os.pathsep)[0] == cpu_fix.PATH
+    assert (Path(cpu_fix.PATH) / "sitecustomize.py").is_file()
     assert session_mod.server_overrides(_args(tmp_path), "cuda") == {}
 
 
@@ -186,7 +186,7 @@ def test_on_gpus_colocated_engines_start_and_sleep_before_the_trainer(fakes, mon
     """Seed step 3: a vLLM server sizes its KV cache from the memory free at its start, so on GPUs the
     engines start alone and sleep at level 2 before the trainer allocates; on CPU both start at once.
     A model directory without tokenizer files is served token-ids-only."""
-    import vime.real.vllm_client as client_mod
+    import vime.real.vllm.client as client_mod
 
     order: list[str] = []
     specs_seen: list[Any] = []

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vime.errors import ConfigError
-from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3, cached_tiny_qwen3, directory_digest
+from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3, cached_tiny_qwen3, directory_digest
 
 
 @pytest.fixture(scope="module")

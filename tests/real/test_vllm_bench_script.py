@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vime.real.launcher import detect_vllm, free_port
+from vime.real.ports import free_port
+from vime.real.vllm.launcher import detect_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "h200" / "vllm_bench.py"

@@ -12,7 +12,8 @@ import uvicorn
 from fake_vllm import generate_response
 
 from vime.protocols import GenerateRequest
-from vime.real.vllm_client import KEEPALIVE_EXPIRY_S, VLLMEngine, default_limits
+from vime.real.vllm.client import VLLMEngine
+from vime.real.vllm.http import KEEPALIVE_EXPIRY_S, default_limits
 
 
 def test_default_expiry_is_below_vllms_keep_alive():

@@ -10,7 +10,7 @@ from conformance import engine as conformance
 from fake_vllm import StatefulFakeVLLM
 
 from vime.protocols import WeightBucket
-from vime.real.vllm_client import VLLMEngine
+from vime.real.vllm.client import VLLMEngine
 
 
 def ipc_bucket(index: int) -> WeightBucket:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vime.real import vllm_cpu_fix
+from vime.real.vllm import cpu_fix
 
 pytestmark = pytest.mark.vllm
 
@@ -29,7 +29,7 @@ print(json.dumps({"module": u.dispatch_cpu_unquantized_gemm.__module__, "kept": 
 
 
 def _probe(env_extra: dict[str, str]) -> dict[str, object]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([vllm_cpu_fix.PATH, os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([cpu_fix.PATH, os.environ.get("PYTHONPATH", "")]),
                **env_extra)
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

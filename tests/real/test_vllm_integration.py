@@ -26,10 +26,10 @@ from conformance import engine as conformance
 
 from vime.errors import EngineError, LifecycleError
 from vime.protocols import GenerateRequest, WeightBucket
-from vime.real.launcher import Launcher, ManagedProcess, ServerSpec, detect_vllm, engine_specs
-from vime.real.router import RouterSpec, VLLMRouterClient, start_router
-from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3
-from vime.real.vllm_client import VLLMEngine
+from vime.real.vllm.client import VLLMEngine
+from vime.real.vllm.launcher import Launcher, ManagedProcess, ServerSpec, detect_vllm, engine_specs
+from vime.real.vllm.router import RouterSpec, VLLMRouterClient, start_router
+from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

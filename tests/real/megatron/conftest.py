@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory):
     """A tiny Qwen3 (2 layers, hidden 64, GQA 4:2, head_dim 32, vocab 512, tied) with a local tokenizer."""
-    from vime.real.tiny_model import TinyModelSpec, build_tiny_qwen3
+    from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3
 
     spec = TinyModelSpec(hidden_size=64, intermediate_size=128, max_position_embeddings=256, corpus_lines=300)
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny_qwen3"), spec)

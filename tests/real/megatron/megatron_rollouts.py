@@ -8,7 +8,7 @@ from vime.algo.advantages import normalize_group_rewards
 from vime.algo.dp_schedule import build_dp_schedule
 from vime.types import TrainBatch
 
-VOCAB = 512  # vime.real.tiny_model's vocabulary
+VOCAB = 512  # vime.testing.tiny_model's vocabulary
 CHOSEN = 300
 
 

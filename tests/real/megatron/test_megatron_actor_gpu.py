@@ -20,7 +20,8 @@ def actor(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from vime.real.megatron import model as mmodel
-    from vime.real.megatron.actor import ActorConfig, MegatronActor, free_port
+    from vime.real.megatron.actor import ActorConfig, MegatronActor
+    from vime.real.ports import free_port
 
     path = tmp_path_factory.mktemp("tiny")
     cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -96,7 +97,7 @@ def _rank_main(rank: int, world: int, port: int, hf_dir: str, tp: int, dist_opt:
 def _spawn_group(hf_dir: str, tp: int, dist_opt: bool) -> list[dict]:
     import torch.multiprocessing as mp
 
-    from vime.real.megatron.actor import free_port
+    from vime.real.ports import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -169,7 +170,7 @@ def test_sleep_before_training_keeps_a_full_vocabulary_model(tmp_path, backend):
     import torch.multiprocessing as mp
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from vime.real.megatron.actor import free_port
+    from vime.real.ports import free_port
 
     if backend == "torch_memory_saver":
         pytest.importorskip("torch_memory_saver")

@@ -6,13 +6,10 @@ import pytest
 import torch
 
 from vime.errors import ConfigError, TrainerError
-from vime.real.megatron.actor import (
-    AccountedNoopOffload,
-    ActorConfig,
-    MegatronActor,
-    make_micro_batch,
-    make_offload_backend,
-)
+from vime.real.megatron.actor import ActorConfig
+from vime.real.megatron.batches import make_micro_batch
+from vime.real.megatron.loss import response_slice
+from vime.real.megatron.offload import AccountedNoopOffload, make_offload_backend
 from vime.real.megatron.trainer import fold_metrics
 
 HF = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
@@ -26,8 +23,8 @@ def test_micro_batch_pads_right_and_response_slices_line_up():
     assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4]] * 2
     # logp[b, p] is log P(token p+1 | tokens ≤ p): encode that as p+1 to read which token each slot scores
     logp = torch.tensor([[1.0, 2, 3, 4], [1, 2, 3, 4]])
-    assert MegatronActor._response_slice(logp, 0, 5, 2).tolist() == [3.0, 4.0]  # tokens 8, 9
-    assert MegatronActor._response_slice(logp, 1, 3, 1).tolist() == [2.0]  # token 3
+    assert response_slice(logp, 0, 5, 2).tolist() == [3.0, 4.0]  # tokens 8, 9
+    assert response_slice(logp, 1, 3, 1).tolist() == [2.0]  # token 3
 
 
 @pytest.mark.parametrize("resp", [0, 3])

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from vime.real import ipc_weights as iw
 from vime.real.megatron import model as mmodel
 from vime.real.megatron.actor import ActorConfig
 from vime.real.megatron.trainer import MegatronTrainer
+from vime.real.weights import ipc as iw
 from vime.weight_sync import publish_weights
 
 pytestmark = pytest.mark.megatron

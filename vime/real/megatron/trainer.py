@@ -188,22 +188,22 @@ class MegatronTrainer:
         opens the copy on its own GPU. The consumer asks for bucket i+1 only after every engine has
         loaded bucket i (vime.weight_sync.publish_weights), which is the acknowledgement that lets the
         ranks overwrite their buffers."""
-        from vime.real import ipc_weights
+        from vime.real.weights import ipc
 
         begun = await self.call("ipc_export_begin", bucket_bytes)
         layouts = begun[0][0]
         uuids = [u for _, u in begun]
         need: set[str] = set()
         if self.plan is not None and self.plan.engine_bundles and all(u is not None for u in uuids):
-            ranks = ipc_weights.engine_gpu_ranks(self.plan.actor_bundles, self.plan.engine_bundles)
+            ranks = ipc.engine_gpu_ranks(self.plan.actor_bundles, self.plan.engine_bundles)
             need = {uuids[r] for group in ranks for r in group}
         prev: int | None = None
         done = False
         try:
             for layout in layouts:
-                bucket = ipc_weights.fill_bucket(layout, await self.call("ipc_export_stage", layout.index, prev))
+                bucket = ipc.fill_bucket(layout, await self.call("ipc_export_stage", layout.index, prev))
                 if bucket.ipc_handles is not None and need:
-                    ipc_weights.check_coverage(bucket, need)
+                    ipc.check_coverage(bucket, need)
                 yield bucket
                 prev = layout.index
             done = True

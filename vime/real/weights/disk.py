@@ -308,7 +308,7 @@ class DiskSyncEngine:
         if not path:
             raise ConfigError(f"engine {self.name}: --update-weight-mode disk expects buckets that name a "
                               f"directory (DiskWeightBucket); got one with {len(bucket.names)} tensors — wrap the "
-                              f"trainer in vime.real.disk_sync.DiskSyncTrainer")
+                              f"trainer in vime.real.weights.disk.DiskSyncTrainer")
         if self._pending is not None and self._pending.path != path:
             raise ConfigError(f"engine {self.name}: one weight update names two directories "
                               f"({self._pending.path}, {path}); a disk publication is one directory")

@@ -1,10 +1,10 @@
-"""Parse a vLLM /inference/v1/generate response into a GenerateResult (seed steps 24–25)."""
+"""The vLLM /inference/v1/generate wire format: decode a response's JSON and parse it into a GenerateResult (seed steps 24–25)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -25,13 +25,52 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
                                     "cancelled": "abort", "error": "error"}
 
 
-_loads: Callable[[str | bytes | bytearray], Any]
-try:  # orjson decodes a 1024-token response several times faster; the stdlib is the fallback
-    from orjson import loads as _orjson_loads
+# The one fast path: a msgspec decoder that reads only the fields parse_generate_response uses
+# (~4x faster than json.loads on a 1024-token answer, bench/bench_vllm_client.py). Absent fields stay
+# absent and explicit nulls stay None, so the parser sees what json.loads would give it.
+try:
+    import msgspec
+    from msgspec import UNSET, Struct, UnsetType
+except ImportError:  # pragma: no cover - msgspec comes with vLLM
+    msgspec = None  # type: ignore[assignment]
 
-    _loads = _orjson_loads
-except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
+if msgspec is not None:
+    class _Entry(Struct):
+        logprob: Any = UNSET
+        token_id: Any = UNSET
+        token: Any = UNSET
+
+    class _Logprobs(Struct):
+        content: list[_Entry] | None | UnsetType = UNSET
+
+    class _Choice(Struct):
+        token_ids: Any = UNSET
+        logprobs: _Logprobs | None | UnsetType = UNSET
+        finish_reason: Any = UNSET
+        weight_versions: Any = UNSET
+        weight_version: Any = UNSET
+
+    class _Response(Struct):
+        choices: list[_Choice] | None | UnsetType = UNSET
+        usage: Any = UNSET
+        weight_versions: Any = UNSET
+        weight_version: Any = UNSET
+
+    _decoder = msgspec.json.Decoder(_Response)
+
+
+def decode_generate(content: str | bytes | bytearray) -> Any:
+    """The JSON of a generate response as builtins; raises ValueError when it is not JSON.
+
+    A body of the expected shape is decoded by msgspec (used fields only); anything else by
+    json.loads in full, so the parser's error shows what the server really sent.
+    """
+    if msgspec is not None:
+        try:
+            return msgspec.to_builtins(_decoder.decode(content))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+    return json.loads(content)
 
 
 def _fail(engine: str | None, detail: str) -> ResponseFormatError:
@@ -122,7 +161,7 @@ def parse_generate_response(output: Mapping[str, Any] | str | bytes, *, engine: 
     """
     if isinstance(output, (str, bytes, bytearray)):
         try:
-            output = _loads(output)
+            output = decode_generate(output)
         except ValueError as exc:
             raise _fail(engine, f"response is not JSON: {exc}") from None
     if not isinstance(output, Mapping):

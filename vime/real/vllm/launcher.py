@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,30 +37,10 @@ from typing import Any, Literal
 import httpx
 
 from vime.errors import ConfigError, EngineError
+from vime.real.ports import free_ports
 
 Device = Literal["cpu", "cuda"]
 ENTRY_MODULE = "vllm.entrypoints.openai.api_server"  # present from vLLM 0.20 (GPU 0.25.1) to 0.32 (CPU)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free now (the OS picks it; a small race with other starters remains)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct free ports (sockets held together so the OS cannot hand out one twice)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # --------------------------------------------------------------------------------------------

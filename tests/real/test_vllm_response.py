@@ -1,4 +1,4 @@
-"""Parsing a vLLM generate response (seed steps 24–25)."""
+"""Parsing a vLLM generate response (seed steps 24–25): `vime.real.vllm.response`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from vime.algo.response import MISSING_LOGPROB, parse_generate_response, parse_weight_versions
 from vime.errors import ResponseFormatError
+from vime.real.vllm.response import MISSING_LOGPROB, parse_generate_response, parse_weight_versions
 from vime.types import Sample
 
 SEED_RESPONSE: dict[str, Any] = {

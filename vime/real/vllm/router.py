@@ -17,17 +17,18 @@ from dataclasses import dataclass
 
 import httpx
 
-from vime.algo.response import parse_generate_response
 from vime.errors import ConfigError
 from vime.protocols import GenerateRequest, GenerateResult
-from vime.real.launcher import Launcher, ManagedProcess, free_ports
-from vime.real.vllm_client import (
-    GENERATE_PATH,
+from vime.real.ports import free_ports
+from vime.real.vllm.client import (
     SESSION_HEADER,
     VLLMEngine,
-    _decode_generate,
+    generate_payload,
+    post_generate,
     stamp_client_version,
 )
+from vime.real.vllm.http import EngineHTTP
+from vime.real.vllm.launcher import Launcher, ManagedProcess
 
 #: Policies of vllm-router 0.1.17 (`vllm-router --help`); vime's config offers a subset.
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two",
@@ -69,7 +70,7 @@ def router_binary() -> str:
 def router_command(spec: RouterSpec, binary: str | None = None) -> list[str]:
     """The argv of `vllm-router --worker-urls ... --policy ...`."""
     if spec.port == 0 or spec.prometheus_port == 0:
-        raise ConfigError("RouterSpec.port / prometheus_port is 0: choose ports (vime.real.launcher.free_ports())")
+        raise ConfigError("RouterSpec.port / prometheus_port is 0: choose ports (vime.real.ports.free_ports())")
     return [binary or router_binary(), "--host", spec.host, "--port", str(spec.port),
             "--worker-urls", *spec.worker_urls, "--policy", spec.policy,
             "--prometheus-host", spec.host, "--prometheus-port", str(spec.prometheus_port),
@@ -107,13 +108,14 @@ class VLLMRouterClient:
         self.url = url.rstrip("/")
         self.engines = list(engines)
         self.policy = policy
-        # The router speaks the engines' generate protocol, so one VLLMEngine-shaped HTTP client
-        # (named "router" in errors) does the sending, pooling and error mapping.
-        self._via = VLLMEngine("router", self.url, model=model, transport=transport, timeout=timeout,
-                               max_concurrency=max_concurrency, session_header=policy == "consistent_hash")
+        self.model = model
+        # The router speaks the engines' generate protocol: the same plumbing (named "router" in
+        # errors) does the sending, pooling and error mapping.
+        self.http = EngineHTTP("router", self.url, transport=transport, timeout=timeout,
+                               max_concurrency=max_concurrency)
 
     async def aclose(self) -> None:
-        await self._via.aclose()
+        await self.http.aclose()
 
     async def __aenter__(self) -> VLLMRouterClient:
         return self
@@ -130,11 +132,10 @@ class VLLMRouterClient:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         for engine in self.engines:
             engine.lifecycle.check_generate()
-        via = self._via
-        resp = await via._request("generate", "POST", GENERATE_PATH, json_body=via.generate_payload(request),
-                                  headers=self.headers(request))
-        data = _decode_generate(resp.content) if resp.content else None
-        result = parse_generate_response(via._json("generate", resp) if data is None else data, engine=None)
+        # the engines behind the router were all started the same way: detokenize only if they can
+        payload = generate_payload(request, engine="router", model=self.model,
+                                   detokenize=all(e.detokenize for e in self.engines))
+        _, result = await post_generate(self.http, payload, self.headers(request), engine=None)
         if result.weight_version is None:
             stamp_client_version(result, self.engines)
         return result
@@ -144,10 +145,9 @@ class VLLMRouterClient:
         await asyncio.gather(*(e.abort_all() for e in self.engines))
 
     async def health(self) -> bool:
-        return await self._via.health()
+        return await self.http.health()
 
     async def list_workers(self) -> list[str]:
         """GET /list_workers → the worker URLs the router routes to."""
-        via = self._via
-        resp = await via._request("list_workers", "GET", "/list_workers")
-        return list(via._field("list_workers", via._json("list_workers", resp), "urls", list))
+        resp = await self.http.request("list_workers", "GET", "/list_workers")
+        return list(self.http.field("list_workers", self.http.read_json("list_workers", resp), "urls", list))

@@ -1,0 +1,94 @@
+"""Micro-batches of a rank's rollout rows (right-padded token tensors, masks, advantages) and the Megatron schedule that runs them (seed steps 38–40)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from vime.errors import TrainerError
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded rows of one micro-batch and where each row's response sits."""
+
+    tokens: torch.Tensor  # [b, s] int64
+    position_ids: torch.Tensor  # [b, s]
+    total_lengths: list[int]
+    response_lengths: list[int]
+    loss_masks: list[torch.Tensor]  # per row, [response_length]
+    advantages: list[torch.Tensor]  # per row, [response_length]
+    old_log_probs: list[torch.Tensor] | None
+    loss_scale: float = 1.0  # see vime.real.megatron.loss.policy_loss
+    rows: list[int] = field(default_factory=list)
+
+
+def make_micro_batch(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], *,
+                     loss_masks: Sequence[Sequence[int]] | None = None,
+                     advantages: Sequence[torch.Tensor] | None = None,
+                     old_log_probs: Sequence[torch.Tensor] | None = None,
+                     device: str | torch.device = "cpu", rows: Sequence[int] = ()) -> MicroBatch:
+    """Pad rows on the right (causal attention never lets a pad token reach a real one)."""
+    lengths = [len(t) for t in tokens]
+    for t, r in zip(tokens, response_lengths, strict=True):
+        if not 0 < r < len(t):
+            raise TrainerError(f"a row has {len(t)} tokens and response_length {r}; it needs a prompt token "
+                               "and at least one response token")
+    width = max(lengths)
+    ids = torch.zeros(len(tokens), width, dtype=torch.long)
+    for i, t in enumerate(tokens):
+        ids[i, : len(t)] = torch.as_tensor(list(t), dtype=torch.long)
+    pos = torch.arange(width, dtype=torch.long).unsqueeze(0).expand(len(tokens), -1).contiguous()
+    masks = [torch.as_tensor(list(m), dtype=torch.float32, device=device) for m in loss_masks] if loss_masks \
+        else [torch.ones(r, device=device) for r in response_lengths]
+    advs = [a.to(device) for a in advantages] if advantages is not None \
+        else [torch.zeros(r, device=device) for r in response_lengths]
+    old = [o.to(device) for o in old_log_probs] if old_log_probs is not None else None
+    return MicroBatch(ids.to(device), pos.to(device), lengths, list(response_lengths), masks, advs, old,
+                      rows=list(rows))
+
+
+def train_micro_batches(batch: Any, groups: Sequence[Sequence[int]], old_log_probs: Sequence[torch.Tensor] | None,
+                        device: torch.device) -> list[MicroBatch]:
+    """One optimizer step's micro-batches of `batch` (a `vime.types.RankBatch`), GRPO advantages filled in (seed step 39)."""
+    from vime.algo.advantages import get_grpo_returns
+
+    step_rows = sum(len(g) for g in groups)
+    advantages = get_grpo_returns(batch.rewards, batch.response_lengths)
+    out = []
+    for g in groups:
+        mb = make_micro_batch(
+            [batch.tokens[i] for i in g], [batch.response_lengths[i] for i in g],
+            loss_masks=[batch.loss_masks[i] for i in g], advantages=[advantages[i] for i in g],
+            old_log_probs=None if old_log_probs is None else [old_log_probs[i] for i in g],
+            device=device, rows=list(g))
+        mb.loss_scale = len(groups) * len(g) / max(step_rows, 1)
+        out.append(mb)
+    return out
+
+
+def log_prob_micro_batches(batch: Any, groups: Sequence[Sequence[int]], device: torch.device) -> list[MicroBatch]:
+    """Micro-batches for a forward-only log-prob pass: tokens and response lengths only."""
+    return [make_micro_batch([batch.tokens[i] for i in g], [batch.response_lengths[i] for i in g],
+                             device=device, rows=list(g)) for g in groups]
+
+
+def run_schedule(model: Any, mbs: list[MicroBatch], forward_only: bool,
+                 loss_fn: Callable[[MicroBatch, torch.Tensor], Any]) -> list[Any]:
+    """Megatron's forward-backward schedule over `mbs` (PP = 1); returns what `loss_fn` reduced per micro-batch."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator: Iterator[MicroBatch], model: Any) -> tuple[torch.Tensor, Any]:
+        mb = next(data_iterator)
+        logits = model(mb.tokens, mb.position_ids, None)
+        return logits, partial(loss_fn, mb)
+
+    seq = max(mb.tokens.shape[1] for mb in mbs)
+    return get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
+        num_microbatches=len(mbs), seq_length=seq, micro_batch_size=mbs[0].tokens.shape[0],
+        forward_only=forward_only)
