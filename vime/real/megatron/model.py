@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from vime.errors import ConfigError
+from vime.hf_config import parse_hf_config
+from vime.inputs import read_json
 
 #: HF `model_type`s whose dense decoder this module maps (the seed's model families).
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -78,70 +80,31 @@ class ModelSpec:
             )
 
 
-def _get(cfg: Mapping[str, Any], key: str, default: Any = None, *, required: bool = False) -> Any:
-    if key in cfg and cfg[key] is not None:
-        return cfg[key]
-    if required:
-        raise ConfigError(f"HF config lacks {key!r}; is this a decoder config.json?")
-    return default
-
-
-def spec_from_hf_config(cfg: Mapping[str, Any]) -> ModelSpec:
-    """Read a `config.json` dict (or a transformers config's `to_dict()`) into a `ModelSpec`."""
-    model_type = str(_get(cfg, "model_type", "")).lower()
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"model_type {model_type!r} is not supported by the Megatron trainer; "
-            f"supported dense families: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    hidden = int(_get(cfg, "hidden_size", required=True))
-    heads = int(_get(cfg, "num_attention_heads", required=True))
-    kv_heads = int(_get(cfg, "num_key_value_heads", heads))
-    head_dim = int(_get(cfg, "head_dim", hidden // heads))
-    if heads % kv_heads:
-        raise ConfigError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    # transformers >= 5 keeps rope settings in `rope_parameters`; older configs use rope_theta/rope_scaling.
-    rope = dict(_get(cfg, "rope_parameters", None) or {})
-    scaling = dict(_get(cfg, "rope_scaling", None) or {})
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    theta = float(rope.get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
-    factor = None
-    if rope_type == "llama3":
-        factor = float(rope.get("factor") or scaling.get("factor") or 8.0)
-    elif rope_type != "default":
-        raise ConfigError(f"rope type {rope_type!r} is not supported (default and llama3 are)")
-    if model_type == "qwen2":
-        qkv_bias = True  # Qwen2/2.5 always carry q/k/v biases (no config flag)
-    else:
-        qkv_bias = bool(_get(cfg, "attention_bias", False))
-    if bool(_get(cfg, "mlp_bias", False)):
+def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json") -> ModelSpec:
+    """The Megatron mapping's spec of a `config.json` dict (or a transformers config's `to_dict()`), read
+    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families."""
+    hf = parse_hf_config(cfg, name="model", source=source)
+    if hf.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"model_type {hf.model_type!r} is not supported by the Megatron trainer; "
+                          f"supported dense families: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if hf.mlp_bias:
         raise ConfigError("mlp_bias=True is not supported by the Megatron trainer mapping")
     return ModelSpec(
-        model_type=model_type,
-        vocab_size=int(_get(cfg, "vocab_size", required=True)),
-        hidden_size=hidden,
-        intermediate_size=int(_get(cfg, "intermediate_size", required=True)),
-        num_layers=int(_get(cfg, "num_hidden_layers", required=True)),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)),
-        rope_theta=theta,
-        max_position_embeddings=int(_get(cfg, "max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
-        qk_norm=model_type == "qwen3",
-        qkv_bias=qkv_bias,
-        rope_scaling_factor=factor,
-    )
+        model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size, num_layers=hf.num_layers, num_heads=hf.num_heads,
+        num_kv_heads=hf.num_kv_heads, head_dim=hf.head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_theta,
+        max_position_embeddings=hf.max_position_embeddings or 4096, tie_word_embeddings=hf.tie_word_embeddings,
+        qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias, rope_scaling_factor=hf.rope_scaling_factor)
 
 
 def load_hf_config(path: str) -> dict[str, Any]:
-    """The `config.json` of an HF checkpoint directory (or the file itself)."""
+    """The `config.json` of an HF checkpoint directory (or the file itself), as a dict (actors get it pickled)."""
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    if not os.path.exists(file):
-        raise ConfigError(f"--hf-checkpoint {path!r} has no config.json; point it at an HF model directory")
-    with open(file) as fh:
-        return json.load(fh)
+    data = read_json(file, what="--hf-checkpoint",
+                     missing_hint="point --hf-checkpoint at an HF model directory holding config.json")
+    if not isinstance(data, dict):
+        raise ConfigError(f"--hf-checkpoint {file}: expected a JSON object")
+    return data
 
 
 # --------------------------------------------------------------------------------------------
