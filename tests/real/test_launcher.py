@@ -257,3 +257,11 @@ def test_a_signal_during_start_is_held_until_the_child_is_recorded(tmp_path):
             break
         time.sleep(0.1)
     assert running_fakes() == [], "the held signal must stop the server that was being started"
+
+
+def test_servers_with_dev_mode_routes_listen_on_loopback_only():
+    from vime.real.vllm.launcher import ServerSpec
+
+    assert ServerSpec(model="m", port=1).url == "http://127.0.0.1:1"
+    with pytest.raises(ConfigError, match="loopback"):
+        ServerSpec(model="m", port=1, host="0.0.0.0")

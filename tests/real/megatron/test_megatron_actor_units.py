@@ -69,3 +69,32 @@ def test_offload_backend_choice():
     assert noop.events == ["pause", "resume"] and noop.offloaded_bytes == 0
     with pytest.raises(ConfigError, match="unknown"):
         make_offload_backend("magic")
+
+
+class _Payload:
+    """An object whose unpickling would run code (here: it only flags that it did)."""
+
+    ran = False
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_mark_ran, ())
+
+
+def _mark_ran() -> None:
+    _Payload.ran = True
+
+
+def test_a_crafted_optimizer_checkpoint_is_refused_without_running_it(tmp_path):
+    import torch
+
+    from vime.errors import TrainerError
+    from vime.real.megatron.weights import read_optimizer_state
+
+    good = tmp_path / "rank00000.pt"
+    torch.save({"layout": {"tp": 1}, "states": [{"state": {0: {"exp_avg": torch.zeros(2)}}, "param_groups": []}]}, good)
+    assert read_optimizer_state(str(good))["layout"] == {"tp": 1}
+    bad = tmp_path / "evil.pt"
+    torch.save({"layout": {}, "states": [_Payload()]}, bad)
+    with pytest.raises(TrainerError, match="refused for safety"):
+        read_optimizer_state(str(bad))
+    assert not _Payload.ran

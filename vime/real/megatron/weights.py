@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -211,7 +212,7 @@ class ActorWeights:
         opt_file = os.path.join(path, "optimizer", f"rank{self.rank:05d}.pt")
         self.last_load = "optimizer reset"
         if os.path.exists(opt_file):
-            saved = torch.load(opt_file, map_location="cpu", weights_only=False)
+            saved = read_optimizer_state(opt_file)
             if saved["layout"] == self._layout():
                 for opt, st in zip(inner_optimizers(self.optimizer), saved["states"], strict=True):
                     opt.load_state_dict(st)
@@ -219,3 +220,16 @@ class ActorWeights:
         self.backup()
         with open(state_file) as fh:
             return int(json.load(fh)["next_rollout_id"])
+
+
+def read_optimizer_state(path: str) -> dict[str, Any]:
+    """A saved optimizer state: tensors and plain containers only (``weights_only``), so a crafted
+    checkpoint cannot run code; anything else raises TrainerError naming the file."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise TrainerError(f"{path}: not a vime optimizer state (it holds objects beyond tensors and plain "
+                           f"containers, refused for safety: {str(exc).splitlines()[0]})") from None
+    if not isinstance(saved, dict) or "layout" not in saved or "states" not in saved:
+        raise TrainerError(f"{path}: not a vime optimizer state (expected a dict with layout and states)")
+    return saved

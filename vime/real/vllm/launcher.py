@@ -86,6 +86,10 @@ def detect_vllm() -> VLLMInstall:
 # --------------------------------------------------------------------------------------------
 
 
+#: Addresses a server with dev-mode routes may listen on.
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """Everything one `vllm serve` process is started with."""
@@ -111,6 +115,14 @@ class ServerSpec:
     cuda_visible_devices: str | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # dev-mode routes (sleep, weights, collective_rpc) and pickled IPC handles are unauthenticated:
+        # a server that has them listens on loopback only
+        if self.host not in LOOPBACK:
+            raise ConfigError(f"vLLM server host {self.host!r}: vime starts its servers with dev-mode routes "
+                              f"(and, for CUDA IPC, pickle deserialization), which must not be reachable from "
+                              f"the network; use a loopback address ({', '.join(sorted(LOOPBACK))})")
 
     @property
     def url(self) -> str:
