@@ -138,6 +138,8 @@ class StepReport:
                 m[f"train/{key}"] = float(self.train[key])
         for key, value in self.train.get("extra", {}).items():
             m[f"train/{key}"] = float(value)
+        if "ref_log_probs_time" in self.train.get("extra", {}):
+            m["perf/ref_log_probs_time"] = float(self.train["extra"]["ref_log_probs_time"])
         for key, value in self.eval.items():
             m[f"eval/{key}"] = float(value)
         return m

@@ -90,6 +90,11 @@ class TrainConfig:
     calculate_per_token_loss: bool = opt(False, "average the loss over all tokens of the step "
                                                 "instead of per sample first")
     lr: float = opt(1e-6, "learning rate", type=float)
+    clip_grad: float = opt(1.0, "clip the gradient norm at this value (0: no clipping)", type=float)
+    weight_decay: float = opt(0.0, "AdamW weight decay", type=float)
+    adam_beta1: float = opt(0.9, "Adam beta1", type=float)
+    adam_beta2: float = opt(0.98, "Adam beta2", type=float)
+    adam_eps: float = opt(1e-8, "Adam epsilon", type=float)
     seed: int = opt(1234, "random seed (trainer, data order, simulator)", type=int)
     num_rollout: int = opt(100, "number of rollouts (RL steps) to run; `vime simulate` defaults to "
                                 "2 simulated steps", type=int)
@@ -164,6 +169,16 @@ class AlgoConfig:
     kl_coef: float = opt(0.0, "KL penalty coefficient in the reward", type=float)
     use_kl_loss: bool = opt(False, "add a KL loss against the reference model")
     kl_loss_coef: float = opt(0.0, "KL loss coefficient", type=float)
+    kl_loss_type: str = opt("low_var_kl", "KL estimator of the KL loss: k1, k2, k3 or low_var_kl (k3 clamped)",
+                            choices=("k1", "k2", "k3", "low_var_kl"))
+    ref_load: str | None = opt(None, "reference model for the KL loss, an HF checkpoint directory (default: "
+                                     "the initial --hf-checkpoint)", metavar="PATH")
+    entropy_coef: float = opt(0.0, "entropy bonus: the loss subtracts this times the mean token entropy",
+                              type=float)
+    use_tis: bool = opt(False, "truncated importance sampling: weight each token's loss by "
+                               "clamp(π_train / π_rollout, --tis-clip-low, --tis-clip)")
+    tis_clip: float = opt(2.0, "upper bound of the TIS weight", type=float)
+    tis_clip_low: float = opt(0.0, "lower bound of the TIS weight", type=float)
     use_rollout_logprobs: bool = opt(False, "use the engine's log-probs as the PPO old log-probs")
     get_mismatch_metrics: bool = opt(False, "log train/rollout log-prob mismatch (forces a recompute)")
     use_critic: bool = opt(False, "train a critic (PPO)")

@@ -19,6 +19,13 @@ PLAUSIBLE_MAX: dict[str, float] = {"lr": 1.0, "rollout_temperature": 100.0, "kl_
                                    "eps_clip_high": 10.0, "eps_clip_c": 1e3, "target_step_time": 1e7,
                                    "update_weight_buffer_size": float(1 << 40), "seed": float(2**63 - 1)}
 MAX_COUNT = 10**9
+#: Flags that parse (slime users type them) but that vime does not train yet, and what to do instead.
+NOT_IMPLEMENTED = {
+    "use_critic": "PPO with a value head is not implemented; use --advantage-estimator grpo, gspo or cispo",
+    "use_opd": "on-policy distillation is not implemented",
+    "use_routing_replay": "MoE routing replay needs MoE models, which are not supported yet",
+    "use_rollout_routing_replay": "MoE routing replay needs MoE models, which are not supported yet",
+}
 
 
 def _need(cond: bool, message: str) -> None:
@@ -214,6 +221,28 @@ def _algorithm(v: dict[str, Any]) -> None:
           f"--kl-coef {v['kl_coef']} and --kl-loss-coef {v['kl_loss_coef']} must be ≥ 0")
     _need(not (v["use_rollout_routing_replay"] and not v["use_routing_replay"]),
           "--use-rollout-routing-replay needs --use-routing-replay")
+    _need(v["clip_grad"] >= 0 and v["weight_decay"] >= 0 and v["entropy_coef"] >= 0,
+          "--clip-grad, --weight-decay and --entropy-coef must be ≥ 0")
+    for beta in ("adam_beta1", "adam_beta2"):
+        _need(0 <= v[beta] < 1, f"{_flags_of(beta)} must lie in [0, 1), got {v[beta]}")
+    _need(v["adam_eps"] > 0, f"--adam-eps must be > 0, got {v['adam_eps']}")
+    _need(0 <= v["tis_clip_low"] < v["tis_clip"],
+          f"--tis-clip-low {v['tis_clip_low']} must be ≥ 0 and below --tis-clip {v['tis_clip']}")
+    _need(not (v["use_tis"] and v["advantage_estimator"] == "gspo"),
+          "--use-tis weights token-level losses; GSPO's loss is per sequence: drop --use-tis or use grpo/cispo")
+    _need(not (v["kl_coef"] > 0 and v["advantage_estimator"] != "reinforce_plus_plus_baseline"),
+          f"--kl-coef {v['kl_coef']} shapes the reward of --advantage-estimator reinforce_plus_plus_baseline; with "
+          f"{v['advantage_estimator']} use --use-kl-loss --kl-loss-coef")
+    _need(not (v["kl_loss_coef"] > 0 and not v["use_kl_loss"]),
+          f"--kl-loss-coef {v['kl_loss_coef']} does nothing without --use-kl-loss; add it")
+    _need(v["ref_load"] is None or v["use_kl_loss"] or v["kl_coef"] > 0,
+          "--ref-load gives the reference of a KL term; add --use-kl-loss (or --kl-coef with "
+          "reinforce_plus_plus_baseline)")
+    # what no backend trains yet: refused rather than silently trained as something else
+    for name, alternative in NOT_IMPLEMENTED.items():
+        _need(not v[name], f"{_flags_of(name)} is not implemented (neither the real trainer nor the simulator "
+                           f"has it); {alternative}")
+    _need(v["loss_type"] == "policy_loss", f"--loss-type {v['loss_type']} is not implemented; use policy_loss")
 
 
 def _sim_inputs(v: dict[str, Any]) -> None:

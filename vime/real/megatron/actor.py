@@ -36,6 +36,7 @@ from vime.real.megatron.offload import (
     make_offload_backend,
     state_bytes,
 )
+from vime.real.megatron.reference import ReferenceModel
 from vime.real.megatron.weights import ActorWeights
 from vime.real.ports import free_port
 
@@ -66,6 +67,13 @@ class ActorConfig:
     advantage_estimator: str = "grpo"
     kl_coef: float = 0.0
     use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    ref_load: str | None = None  # the KL reference; None: the initial --hf-checkpoint
+    entropy_coef: float = 0.0
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
     use_rollout_logprobs: bool = False
     get_mismatch_metrics: bool = False
     use_critic: bool = False
@@ -137,6 +145,7 @@ class MegatronActor:
         self._last_offloaded = 0
         self._sleep_fingerprint: torch.Tensor | None = None
         self.weights: ActorWeights | None = None  # made by setup()
+        self.reference: ReferenceModel | None = None  # the KL loss's reference, made by setup()
 
     # --- process group and model ----------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
@@ -178,6 +187,10 @@ class MegatronActor:
                 distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device())
             if self.cfg.hf_checkpoint:
                 self.load_hf(self.cfg.hf_checkpoint)
+            self.reference = None
+            if self.cfg.use_kl_loss or self.cfg.kl_coef > 0:
+                self.reference = ReferenceModel(self.spec, self.cfg, tp=self.tp, tp_rank=self.tp_rank, cpu=self.cpu,
+                                                offload=self.offload, path=self.cfg.ref_load, policy=self.module)
             self.backup_weights()
         return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
                 "setup_s": time.perf_counter() - t0, "params": self.num_params(),
@@ -240,17 +253,28 @@ class MegatronActor:
 
             recompute = needs_log_prob_recompute(self.cfg, num_mb)  # seed step 38
             old = self._log_probs(batch, batch.micro_batch_indices) if recompute else None
+            rollout = None
+            if batch.rollout_log_probs is not None:
+                rollout = [torch.as_tensor(x, dtype=torch.float32, device=self._device())
+                           for x in batch.rollout_log_probs]
             if self.cfg.use_rollout_logprobs:
-                if batch.rollout_log_probs is None:
+                if rollout is None:
                     raise ConfigError("--use-rollout-logprobs needs the engines' log-probs in the batch, "
                                       "but rollout_log_probs is None")
-                old = [torch.as_tensor(x, dtype=torch.float32, device=self._device())
-                       for x in batch.rollout_log_probs]
+                old = rollout
+            ref, ref_time = None, 0.0
+            if self.reference is not None:
+                t_ref = time.perf_counter()
+                ref = self.reference.log_probs(batch, batch.micro_batch_indices, self.scorer, self._device())
+                ref_time = time.perf_counter() - t_ref
+            advantages = self._advantages(batch, old, ref)
             sums = {"loss": 0.0, "pg_clipfrac": 0.0, "entropy": 0.0, "rows": 0.0}
+            extra = {"kl_loss": 0.0, "tis_weight": 0.0, "train_rollout_logprob_abs_diff": 0.0}
             grad_norms, tokens = [], 0
             loss_fn = partial(policy_loss, self.cfg, self.scorer)
             for step in range(len(num_mb)):
-                mbs = train_micro_batches(batch, batch.micro_batches(step), old, self._device())
+                mbs = train_micro_batches(batch, batch.micro_batches(step), old, self._device(), advantages=advantages,
+                                          rollout_log_probs=rollout, ref_log_probs=ref)
                 tokens += sum(int(mb.tokens.numel()) for mb in mbs)
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
@@ -269,14 +293,41 @@ class MegatronActor:
                 for d in reduced:
                     for k in sums:
                         sums[k] += float(d[k])
+                    for k in extra:
+                        extra[k] += float(d.get(k, 0.0))
             self.backup_weights()  # seed step 41: export reads this backup
         elapsed = time.perf_counter() - t0
         rows = max(sums["rows"], 1.0)
-        return {"rollout_id": rollout_id, "loss": sums["loss"] / rows, "pg_clipfrac": sums["pg_clipfrac"] / rows,
-                "entropy": sums["entropy"] / rows, "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-                "tokens": tokens, "num_steps": len(num_mb), "recomputed_log_probs": recompute,
-                "train_time": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-                "dp_rank": self.dp_rank, "tp_rank": self.tp_rank}
+        out = {"rollout_id": rollout_id, "loss": sums["loss"] / rows, "pg_clipfrac": sums["pg_clipfrac"] / rows,
+               "entropy": sums["entropy"] / rows, "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+               "tokens": tokens, "num_steps": len(num_mb), "recomputed_log_probs": recompute,
+               "train_time": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+               "dp_rank": self.dp_rank, "tp_rank": self.tp_rank}
+        if ref is not None:
+            out["ref_log_probs_time"] = ref_time
+        if self.cfg.use_kl_loss:
+            out["kl_loss"] = extra["kl_loss"] / rows
+        if self.cfg.use_tis:
+            out["tis_weight"] = extra["tis_weight"] / rows
+        if self.cfg.get_mismatch_metrics and rollout is not None:
+            out["train_rollout_logprob_abs_diff"] = extra["train_rollout_logprob_abs_diff"] / rows
+        return out
+
+    def _advantages(self, batch: Any, old: Sequence[torch.Tensor] | None,
+                    ref: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+        """Each row's per-token advantages (seed step 39) by --advantage-estimator; REINFORCE++-baseline
+        subtracts --kl-coef × the k1 KL to the reference from the reward and whitens over the rank's tokens."""
+        from vime.algo.advantages import compute_advantages_and_returns
+        from vime.algo.policy_loss import approx_kl
+
+        kl = None
+        if self.cfg.kl_coef > 0:
+            if ref is None or old is None:
+                raise TrainerError("--kl-coef needs the reference's and the old policy's log-probs")
+            kl = [approx_kl(o.to(r.device), r, "k1").detach().cpu() for o, r in zip(old, ref, strict=True)]
+        adv, _ = compute_advantages_and_returns(self.cfg.advantage_estimator, batch.rewards, batch.response_lengths,
+                                                batch.loss_masks, kl=kl, kl_coef=self.cfg.kl_coef)
+        return adv
 
     # --- offload (seed steps 37, 41; vime.real.megatron.offload) --------------------------------
     def sleep(self) -> dict[str, Any]:

@@ -25,6 +25,8 @@ class MicroBatch:
     old_log_probs: list[torch.Tensor] | None
     loss_scale: float = 1.0  # see vime.real.megatron.loss.policy_loss
     rows: list[int] = field(default_factory=list)
+    rollout_log_probs: list[torch.Tensor] | None = None  # the engine's, per row (TIS, mismatch metrics)
+    ref_log_probs: list[torch.Tensor] | None = None  # the reference model's, per row (KL loss)
 
 
 def make_micro_batch(tokens: Sequence[Sequence[int]], response_lengths: Sequence[int], *,
@@ -53,20 +55,25 @@ def make_micro_batch(tokens: Sequence[Sequence[int]], response_lengths: Sequence
 
 
 def train_micro_batches(batch: Any, groups: Sequence[Sequence[int]], old_log_probs: Sequence[torch.Tensor] | None,
-                        device: torch.device) -> list[MicroBatch]:
-    """One optimizer step's micro-batches of `batch` (a `vime.types.RankBatch`), GRPO advantages filled in (seed step 39)."""
-    from vime.algo.advantages import get_grpo_returns
+                        device: torch.device, *, advantages: Sequence[torch.Tensor],
+                        rollout_log_probs: Sequence[torch.Tensor] | None = None,
+                        ref_log_probs: Sequence[torch.Tensor] | None = None) -> list[MicroBatch]:
+    """One optimizer step's micro-batches of `batch` (a `vime.types.RankBatch`) with each row's
+    advantages (seed step 39) and, when given, its rollout and reference log-probs."""
+
+    def rows(values: Sequence[torch.Tensor] | None, g: Sequence[int]) -> list[torch.Tensor] | None:
+        return None if values is None else [values[i].to(device) for i in g]
 
     step_rows = sum(len(g) for g in groups)
-    advantages = get_grpo_returns(batch.rewards, batch.response_lengths)
     out = []
     for g in groups:
         mb = make_micro_batch(
             [batch.tokens[i] for i in g], [batch.response_lengths[i] for i in g],
             loss_masks=[batch.loss_masks[i] for i in g], advantages=[advantages[i] for i in g],
-            old_log_probs=None if old_log_probs is None else [old_log_probs[i] for i in g],
-            device=device, rows=list(g))
+            old_log_probs=rows(old_log_probs, g), device=device, rows=list(g))
         mb.loss_scale = len(groups) * len(g) / max(step_rows, 1)
+        mb.rollout_log_probs = rows(rollout_log_probs, g)
+        mb.ref_log_probs = rows(ref_log_probs, g)
         out.append(mb)
     return out
 

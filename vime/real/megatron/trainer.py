@@ -244,6 +244,13 @@ def fold_metrics(rollout_id: int, results: list[dict[str, Any]], *, trained_toke
     processed = sum(int(r["tokens"]) for r in heads)
     tokens = processed if trained_tokens is None else trained_tokens
     elapsed = max(float(r["train_time"]) for r in results)
+    extra = {"train_time": elapsed, "processed_tokens": float(processed),
+             "tokens_per_s": processed / elapsed if elapsed > 0 else 0.0}
+    if "ref_log_probs_time" in heads[0]:
+        extra["ref_log_probs_time"] = max(float(r.get("ref_log_probs_time", 0.0)) for r in results)
+    for key in ("kl_loss", "tis_weight", "train_rollout_logprob_abs_diff"):  # means over DP ranks
+        if key in heads[0]:
+            extra[key] = sum(float(r[key]) for r in heads) / n
     return TrainMetrics(
         rollout_id=rollout_id,
         loss=sum(r["loss"] for r in heads) / n,
@@ -253,6 +260,5 @@ def fold_metrics(rollout_id: int, results: list[dict[str, Any]], *, trained_toke
         tokens=tokens,
         num_steps=int(heads[0]["num_steps"]),
         recomputed_log_probs=bool(heads[0]["recomputed_log_probs"]),
-        extra={"train_time": elapsed, "processed_tokens": float(processed),
-               "tokens_per_s": processed / elapsed if elapsed > 0 else 0.0},
+        extra=extra,
     )

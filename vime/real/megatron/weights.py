@@ -160,19 +160,7 @@ class ActorWeights:
     # --- HF load and checkpoints ------------------------------------------------------------------
     def load_hf(self, path: str) -> None:
         """Load HF safetensors from `path` into this rank's shards (HF → Megatron full → shard)."""
-        hf = mmodel.read_hf_safetensors(path)
-        full = mmodel.hf_to_megatron(self.spec, hf, tp=self.tp)
-        params = dict(self.module.named_parameters())
-        missing = sorted(set(params) - set(full))
-        if missing:
-            raise TrainerError(f"HF checkpoint {path!r} lacks tensors for {missing[:4]}")
-        with torch.no_grad():
-            for name, p in params.items():
-                src = mmodel.shard(name, full[name], self.tp_rank, self.tp)
-                if tuple(src.shape) != tuple(p.shape):
-                    raise TrainerError(f"{name}: checkpoint shard {tuple(src.shape)} does not fit parameter "
-                                       f"{tuple(p.shape)}; does the checkpoint match the HF config?")
-                p.copy_(src.to(p.dtype))
+        load_hf_into(self.module, self.spec, path, tp=self.tp, tp_rank=self.tp_rank)
         # The optimizer may hold fp32 main copies of the params: refresh them from the model.
         reload = getattr(self.optimizer, "reload_model_params", None)
         if reload is not None:
@@ -233,3 +221,20 @@ def read_optimizer_state(path: str) -> dict[str, Any]:
     if not isinstance(saved, dict) or "layout" not in saved or "states" not in saved:
         raise TrainerError(f"{path}: not a vime optimizer state (expected a dict with layout and states)")
     return saved
+
+
+def load_hf_into(module: Any, spec: mmodel.ModelSpec, path: str, *, tp: int, tp_rank: int) -> None:
+    """Copy an HF checkpoint's tensors into `module`'s parameters (this TP rank's shards)."""
+    hf = mmodel.read_hf_safetensors(path)
+    full = mmodel.hf_to_megatron(spec, hf, tp=tp)
+    params = dict(module.named_parameters())
+    missing = sorted(set(params) - set(full))
+    if missing:
+        raise TrainerError(f"HF checkpoint {path!r} lacks tensors for {missing[:4]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            src = mmodel.shard(name, full[name], tp_rank, tp)
+            if tuple(src.shape) != tuple(p.shape):
+                raise TrainerError(f"{name}: checkpoint shard {tuple(src.shape)} does not fit parameter "
+                                   f"{tuple(p.shape)}; does the checkpoint match the HF config?")
+            p.copy_(src.to(p.dtype))

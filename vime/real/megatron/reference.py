@@ -1,0 +1,60 @@
+"""The frozen reference policy of a KL loss: a second GPTModel on the same rank, and its log-probs per micro-batch (issue 19)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vime.real.megatron import model as mmodel
+from vime.real.megatron.batches import MicroBatch, log_prob_micro_batches, run_schedule
+from vime.real.megatron.loss import TokenScorer, response_slice
+from vime.real.megatron.weights import load_hf_into
+
+if TYPE_CHECKING:
+    from vime.real.megatron.actor import ActorConfig
+
+
+class ReferenceModel:
+    """The reference weights (``--ref-load``, else the policy's initial weights), frozen, in bf16 like the
+    policy. It lives in the trainer's "params" offload tag, so it leaves the GPU when the trainer sleeps
+    and comes back with it; no gradients, no optimizer state."""
+
+    def __init__(self, spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, tp_rank: int, cpu: bool,
+                 offload: Any, path: str | None, policy: Any = None) -> None:
+        tf_config = mmodel.transformer_config(spec, tp=tp, dtype=cfg.torch_dtype, cpu_init=cpu,
+                                              calculate_per_token_loss=False)
+        with offload.region("params"):
+            module = mmodel.build_gpt_model(spec, tf_config)
+            if cfg.torch_dtype != torch.float32:
+                module = module.to(cfg.torch_dtype)
+            if not cpu:
+                module = module.cuda()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        if path is not None:
+            load_hf_into(module, spec, path, tp=tp, tp_rank=tp_rank)
+        elif policy is not None:  # the policy's weights as they are now (its initial ones)
+            src = dict(policy.named_parameters())
+            with torch.no_grad():
+                for name, p in module.named_parameters():
+                    p.copy_(src[name])
+        module.eval()
+        self.module = module
+        self.source = path or "the initial policy"
+
+    def log_probs(self, batch: Any, groups: Sequence[Sequence[int]], scorer: TokenScorer,
+                  device: torch.device) -> list[torch.Tensor]:
+        """Per-response-token log-probs of every row of `batch` under the reference, in row order."""
+        out: dict[int, torch.Tensor] = {}
+
+        def collect(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+            logp, _ = scorer.token_stats(logits, mb.tokens, with_entropy=False)
+            for i, (t, r) in enumerate(zip(mb.total_lengths, mb.response_lengths, strict=True)):
+                out[mb.rows[i]] = response_slice(logp, i, t, r).detach().float()
+            return logp.sum() * 0.0, {}
+
+        with torch.no_grad():
+            run_schedule(self.module, log_prob_micro_batches(batch, groups, device), True, collect)
+        return [out[i] for i in range(len(batch.tokens))]
