@@ -22,7 +22,7 @@ if [ "${1:-}" = "--real" ]; then
   # the OSError kills vLLM's start-up. vime's paths never need them.
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   # The trainer: Megatron-core 0.16.1 is the last release for Python 3.11; Ray for the actors.
-  pip install -q "megatron-core==0.16.1" "torch==2.13.0" -e ".[train]"
+  pip install -q "megatron-core==0.16.1" "torch==2.13.0" -e ".[train,log]"
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 python -c "import vime, torch; print('vime', vime.__version__, 'torch', torch.__version__)"

@@ -73,8 +73,13 @@ def run_simulate(args: Any) -> int:
     from vime.runs.document import build_document
     from vime.runs.fixes import check_fixes
     from vime.runs.sim import simulate
+    from vime.trackers import Trackers
 
-    sim = simulate(args, progress=False)
+    trackers = Trackers.from_args(args)  # simulated steps logged like real ones, to compare the curves
+    try:
+        sim = simulate(args, progress=False, on_step=trackers.step)
+    finally:
+        trackers.close()
     if sim.oom is not None:
         sim.fixes = check_fixes(sim)
     doc = build_document(sim)

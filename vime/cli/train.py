@@ -73,22 +73,35 @@ class _Printer:
 
 
 def run_train(args: Any) -> int:
-    """`vime train`: run the loop on ``--backend sim`` or ``real`` and print each step's phase times."""
+    """`vime train`: run the loop on ``--backend sim`` or ``real`` and print each step's phase times
+    (and log them to the trackers the flags turn on)."""
+    from vime.trackers import Trackers
+
     printer = _Printer(bool(getattr(args, "json", False)))
     backend = getattr(args, "backend", "real")
-    if backend == "sim":
-        from vime.runs.sim import simulate
+    if backend not in ("sim", "real"):
+        raise ConfigError(f"--backend {backend!r} is unknown; use sim or real")
+    trackers = Trackers.from_args(args)  # a missing tracker package fails here, before any backend starts
 
-        printer.header("sim", {"hardware": args.hardware, "model": args.model, "engines": args.rollout_num_engines,
-                               "samples_per_rollout": args.samples_per_rollout, "seed": args.seed})
-        sim = simulate(args, progress=None, on_startup=printer.startup, on_step=printer.step)
-        if sim.oom is not None:
-            raise sim.oom
-        return 0
-    if backend == "real":
+    def on_step(report: StepReport) -> None:
+        printer.step(report)
+        trackers.step(report)
+
+    try:
+        if backend == "sim":
+            from vime.runs.sim import simulate
+
+            printer.header("sim", {"hardware": args.hardware, "model": args.model,
+                                   "engines": args.rollout_num_engines, "samples_per_rollout": args.samples_per_rollout,
+                                   "seed": args.seed})
+            sim = simulate(args, progress=None, on_startup=printer.startup, on_step=on_step)
+            if sim.oom is not None:
+                raise sim.oom
+            return 0
         from vime.runs.real import run_real
 
         printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
-        run_real(args, on_startup=printer.startup, on_step=printer.step)
+        run_real(args, on_startup=printer.startup, on_step=on_step)
         return 0
-    raise ConfigError(f"--backend {backend!r} is unknown; use sim or real")
+    finally:
+        trackers.close()

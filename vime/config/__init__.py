@@ -37,6 +37,7 @@ from vime.config.options import (
     DerivedConfig,
     EngineConfig,
     GiB,
+    LoggingConfig,
     OutputConfig,
     ParallelConfig,
     RolloutConfig,
@@ -51,7 +52,7 @@ from vime.config.rules import SIMULATE_DEFAULT_NUM_ROLLOUT
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "COMMANDS", "DEFAULT_PROMPT_MIN_FRACTION", "DEFAULT_RESPONSE_MEDIAN_FRACTION",
     "DEFAULT_RESPONSE_SIGMA", "GROUPS", "LOSS_TYPES", "ROUTER_POLICIES", "SIMULATE_DEFAULT_NUM_ROLLOUT",
-    "AlgoConfig", "Args", "ClusterConfig", "DataConfig", "DerivedConfig", "EngineConfig", "GiB", "LengthSpec",
+    "AlgoConfig", "Args", "ClusterConfig", "DataConfig", "DerivedConfig", "EngineConfig", "GiB", "LengthSpec", "LoggingConfig",
     "OutputConfig", "ParallelConfig", "RolloutConfig", "SimConfig", "TrainConfig", "WeightSyncConfig",
     "build_parser", "default_prompt_spec", "default_response_spec", "defaults", "parse_args", "parse_bytes",
     "parse_length_spec",

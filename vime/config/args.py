@@ -18,6 +18,7 @@ from vime.config.options import (
     DataConfig,
     DerivedConfig,
     EngineConfig,
+    LoggingConfig,
     OutputConfig,
     ParallelConfig,
     RolloutConfig,
@@ -50,6 +51,7 @@ class Args:
     weight_sync: WeightSyncConfig
     sim: SimConfig
     output: OutputConfig
+    logging: LoggingConfig
     derived: DerivedConfig
 
     def __init__(self, groups: dict[str, Any]) -> None:

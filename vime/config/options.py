@@ -261,6 +261,23 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    """Experiment trackers (the same metric names in both; one step per rollout; `vime simulate` logs its simulated steps)."""
+
+    title: ClassVar[str] = "logging"
+    use_wandb: bool = opt(False, "log every step to wandb")
+    wandb_mode: str = opt("online", "wandb mode: online, offline (a local run directory; `wandb sync` uploads it) "
+                                    "or disabled", choices=("online", "offline", "disabled"))
+    wandb_project: str | None = opt(None, "wandb project")
+    wandb_group: str | None = opt(None, "wandb group")
+    wandb_run_name: str | None = opt(None, "wandb run name")
+    wandb_dir: str | None = opt(None, "where wandb writes its run directory (default: here)", metavar="DIR")
+    use_tensorboard: bool = opt(False, "write a TensorBoard event file")
+    tensorboard_dir: str | None = opt(None, "TensorBoard log directory (default: $TENSORBOARD_DIR, else "
+                                            "./tensorboard)", metavar="DIR")
+
+
+@dataclass(frozen=True)
 class DerivedConfig:
     """Values computed once from the options (seed steps 1, 2, 18, 31); not flags."""
 
@@ -275,11 +292,11 @@ class DerivedConfig:
 
 
 GROUPS: tuple[Any, ...] = (ClusterConfig, ParallelConfig, TrainConfig, RolloutConfig, DataConfig,
-                            AlgoConfig, EngineConfig, WeightSyncConfig, SimConfig, OutputConfig)
+                            AlgoConfig, EngineConfig, WeightSyncConfig, SimConfig, OutputConfig, LoggingConfig)
 
 _GROUP_ATTR = {ClusterConfig: "cluster", ParallelConfig: "parallel", TrainConfig: "train",
                RolloutConfig: "rollout", DataConfig: "data", AlgoConfig: "algo", EngineConfig: "engine",
-               WeightSyncConfig: "weight_sync", SimConfig: "sim", OutputConfig: "output",
+               WeightSyncConfig: "weight_sync", SimConfig: "sim", OutputConfig: "output", LoggingConfig: "logging",
                DerivedConfig: "derived"}
 
 # name -> group attribute, for flat access (args.rollout_batch_size). Names must be unique.

@@ -307,6 +307,12 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
         _need(os.path.isdir(v["save"]) and os.access(v["save"], os.W_OK) or
               not os.path.exists(v["save"]) and _writable(v["save"], make_parents=True),
               f"--save {v['save']}: cannot be written; give a writable directory")
+    for name in ("tensorboard_dir", "wandb_dir"):
+        d = v.get(name)
+        if d is not None:
+            _need(os.path.isdir(d) and os.access(d, os.W_OK) or not os.path.exists(d) and
+                  _writable(os.path.join(d, "x"), make_parents=True),
+                  f"{_flags_of(name)} {d}: cannot be written; give a writable directory")
     if command == "simulate":
         _need(not (v["search"] and v["sweep"]),
               "--search and --sweep cannot be combined: --search chooses the layout itself; use one of them")

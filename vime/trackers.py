@@ -1,0 +1,89 @@
+"""Experiment trackers for `vime train`: each step's metrics (perf/…, rollout/…, train/…, eval/…) to wandb and TensorBoard, one step per rollout id.
+
+Both receive the same flat metric names (`StepReport.metrics`). wandb runs in the mode
+``--wandb-mode`` asks for (``offline`` writes a run directory that ``wandb sync`` uploads later,
+with no network); TensorBoard writes an event file with tensorboard's own writer, so neither
+needs torch. The packages are the ``[log]`` extra; a flag whose package is missing is refused
+when the run starts, before any backend does work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from vime.errors import ConfigError
+
+
+class WandbTracker:
+    """One wandb run: `log(metrics, step)` per rollout, `close()` at the end."""
+
+    def __init__(self, args: Any) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise ConfigError("--use-wandb needs the wandb package: pip install 'vime[log]'") from exc
+        os.environ.setdefault("WANDB_SILENT", "true")
+        directory = args.wandb_dir or os.getcwd()
+        os.makedirs(directory, exist_ok=True)
+        self.run = wandb.init(mode=args.wandb_mode, dir=directory, project=args.wandb_project,
+                              group=args.wandb_group, name=args.wandb_run_name, config=args.to_dict(),
+                              reinit="create_new")
+        self.path = getattr(self.run, "dir", directory)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TensorBoardTracker:
+    """One TensorBoard event file in ``--tensorboard-dir`` (default $TENSORBOARD_DIR, else ./tensorboard)."""
+
+    def __init__(self, args: Any) -> None:
+        try:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError as exc:
+            raise ConfigError("--use-tensorboard needs the tensorboard package: pip install 'vime[log]'") from exc
+        self.path = args.tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or "tensorboard"
+        os.makedirs(self.path, exist_ok=True)
+        self.writer = EventFileWriter(self.path)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in sorted(metrics.items())]
+        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Trackers:
+    """The trackers the flags turn on; `step(report)` logs a StepReport's metrics under its rollout id."""
+
+    def __init__(self, trackers: Sequence[Any] = ()) -> None:
+        self.trackers = list(trackers)
+
+    @classmethod
+    def from_args(cls, args: Any) -> Trackers:
+        chosen: list[Any] = []
+        if getattr(args, "use_wandb", False):
+            chosen.append(WandbTracker(args))
+        if getattr(args, "use_tensorboard", False):
+            chosen.append(TensorBoardTracker(args))
+        return cls(chosen)
+
+    def step(self, report: Any) -> None:
+        metrics = report.metrics()
+        for t in self.trackers:
+            t.log(metrics, int(report.rollout_id))
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
