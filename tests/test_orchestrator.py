@@ -288,7 +288,8 @@ def test_eval_and_checkpoints_every_interval(tmp_path: Path):
     steps = run.report.steps
     assert [s.t_eval > 0 for s in steps] == [False, True, True]  # every 2, and after the last
     assert [s.t_save > 0 for s in steps] == [False, True, True]
-    assert steps[1].eval["samples"] == 32 and 0 <= steps[1].eval["reward"] <= 1
+    assert steps[1].eval["synthetic/samples"] == 32 and 0 <= steps[1].eval["synthetic/reward"] <= 1
+    assert steps[1].metrics()["eval/synthetic/reward"] == steps[1].eval["synthetic/reward"]
     saves = [args_ for comp, call, args_ in log if call == "save_checkpoint"]
     assert saves == [(1, str(tmp_path / "iter_0000001")), (2, str(tmp_path / "iter_0000002"))]
     state = json.loads((tmp_path / "iter_0000002" / "rollout_state.json").read_text())
@@ -298,6 +299,20 @@ def test_eval_and_checkpoints_every_interval(tmp_path: Path):
     assert json.loads((tmp_path / "rollout_state.json").read_text()) == state  # the newest, above the iter dirs
     for s in steps:
         assert math.isclose(s.t_step, sum(s.phases().values()) + s.t_save + s.t_eval + s.t_gap, rel_tol=1e-12)
+
+
+def test_named_eval_sets_are_evaluated_whole_with_their_sampling_params(tmp_path: Path):
+    from vime.rollout.toy_task import ToyTask, write_prompts
+
+    small = write_prompts(tmp_path / "small.jsonl", ToyTask(vocab_size=1000, num_prompts=3, prompt_len=8))
+    big = write_prompts(tmp_path / "big.jsonl", ToyTask(vocab_size=1000, num_prompts=5, prompt_len=8, seed=2))
+    args = seed_args(num_rollout=1, eval_interval=1, eval_prompt_data=("math", str(small), "code", str(big)),
+                     n_samples_per_eval_prompt=2, eval_max_response_len=7)
+    run = simulate(args)
+    ev = run.report.steps[0].eval
+    assert ev["math/samples"] == 3 * 2 and ev["code/samples"] == 5 * 2  # every prompt, 2 samples each
+    assert 0 < ev["math/response_len"] <= 7 and 0 < ev["code/response_len"] <= 7  # the eval cap, not 1024
+    assert set(run.report.steps[0].metrics()) >= {"eval/math/reward", "eval/code/reward"}
 
 
 def test_resume_reads_the_rollout_state(tmp_path: Path):

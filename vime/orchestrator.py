@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from vime.protocols import (
     TrainMetrics,
 )
 from vime.rollout.batch_builder import BatchBuilder
+from vime.rollout.data_source import EvalSet
 from vime.rollout.generate import Rollout, RolloutOutput
 from vime.types import TrainBatch
 from vime.weight_sync import publish_weights, should_flush_cache
@@ -176,20 +177,19 @@ class Orchestrator:
 
     def __init__(self, args: Any, *, engines: Sequence[RolloutEngine], router: Router, trainer: Trainer,
                  data_source: Any, rollout: Rollout, batch_builder: BatchBuilder | None = None,
-                 observers: Sequence[StepObserver] = (), eval_source: Any = None, eval_groups: int | None = None,
+                 observers: Sequence[StepObserver] = (), eval_sources: Mapping[str, EvalSet] | None = None,
                  engines_receive_weights: bool = True) -> None:
         if not engines:
             raise ConfigError("the orchestrator needs at least one rollout engine")
-        if getattr(args, "eval_interval", None) and eval_source is None:
-            raise ConfigError(f"--eval-interval {args.eval_interval} needs evaluation prompts; give an eval "
-                              f"data source (or leave --eval-interval out)")
+        if getattr(args, "eval_interval", None) and not eval_sources:
+            raise ConfigError(f"--eval-interval {args.eval_interval} needs evaluation prompts; give "
+                              f"--eval-prompt-data NAME PATH (or leave --eval-interval out)")
         self.args = args
         self.engines = list(engines)
         self.router = router
         self.trainer = trainer
         self.data_source = data_source
-        self.eval_source = eval_source
-        self.eval_groups = eval_groups
+        self.eval_sources = dict(eval_sources or {})
         self.observers = list(observers)
         self.engines_receive_weights = engines_receive_weights
         self.rollout = rollout
@@ -410,14 +410,23 @@ class Orchestrator:
 
     # --- eval and checkpoints -------------------------------------------------------------------------
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Generate on the evaluation prompts (no filter, no training) and report the mean reward."""
-        out = await self.rollout.generate_rollout(rollout_id, self.eval_source, evaluation=True,
-                                                  target_groups=self.eval_groups)
-        samples = out.samples
-        rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
-        return {"reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                "response_len": sum(s.response_length for s in samples) / len(samples) if samples else 0.0,
-                "samples": float(len(samples))}
+        """Generate on every evaluation set (no filter, no training) with the eval sampling params;
+        metrics per set: ``NAME/reward``, ``NAME/response_len``, ``NAME/samples``."""
+        args = self.args
+        sampling = {k: v for k, v in (("max_new_tokens", getattr(args, "eval_max_response_len", None)),
+                                      ("temperature", getattr(args, "eval_temperature", None)),
+                                      ("top_p", getattr(args, "eval_top_p", None)),
+                                      ("top_k", getattr(args, "eval_top_k", None))) if v is not None}
+        out: dict[str, float] = {}
+        for name, eval_set in self.eval_sources.items():
+            result = await self.rollout.generate_rollout(rollout_id, eval_set.source, evaluation=True,
+                                                         target_groups=eval_set.groups, sampling=sampling)
+            samples = result.samples
+            rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
+            out[f"{name}/reward"] = sum(rewards) / len(rewards) if rewards else 0.0
+            out[f"{name}/response_len"] = sum(s.response_length for s in samples) / len(samples) if samples else 0.0
+            out[f"{name}/samples"] = float(len(samples))
+        return out
 
     async def save(self, rollout_id: int) -> None:
         """Checkpoint through the trainer, plus the rollout state (data-source position, weight version)."""

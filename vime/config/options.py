@@ -101,7 +101,17 @@ class TrainConfig:
     num_epoch: int | None = opt(None, "epochs over --prompt-data (sets the number of rollouts from the "
                                       "dataset size when given)", type=int)
     start_rollout_id: int = opt(0, "first rollout id (resume)", type=int)
-    eval_interval: int | None = opt(None, "evaluate every N rollouts", type=int)
+    eval_interval: int | None = opt(None, "evaluate every N rollouts (and after the last)", type=int)
+    eval_prompt_data: tuple[str, ...] = opt((), "evaluation sets as NAME PATH pairs (JSONL like --prompt-data); "
+                                                "each set's metrics are logged as eval/NAME/...",
+                                            nargs="+", metavar="NAME PATH")
+    n_samples_per_eval_prompt: int = opt(1, "samples per evaluation prompt", type=int)
+    eval_max_response_len: int | None = opt(None, "longest evaluation response (default: "
+                                                  "--rollout-max-response-len)", type=int)
+    eval_temperature: float | None = opt(None, "evaluation sampling temperature (default: --rollout-temperature)",
+                                         type=float)
+    eval_top_p: float | None = opt(None, "evaluation top-p (default: --rollout-top-p)", type=float)
+    eval_top_k: int | None = opt(None, "evaluation top-k (default: --rollout-top-k)", type=int)
     save_interval: int | None = opt(None, "checkpoint every N rollouts (needs --save)", type=int)
     save: str | None = opt(None, "checkpoint directory to write", metavar="PATH")
     load: str | None = opt(None, "checkpoint directory to resume from", metavar="PATH")

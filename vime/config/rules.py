@@ -188,6 +188,12 @@ def _lengths(v: dict[str, Any]) -> None:
     _need(p + r <= c,
           f"--rollout-max-prompt-len {p} + --rollout-max-response-len {r} = {p + r} exceeds "
           f"--rollout-max-context-len {c}; raise the context to ≥ {p + r} or shorten prompt/response")
+    e = v["eval_max_response_len"]
+    _need(e is None or 1 <= e <= c - p, f"--eval-max-response-len {e} must lie in [1, --rollout-max-context-len "
+                                        f"{c} - --rollout-max-prompt-len {p}]")
+    _need(v["n_samples_per_eval_prompt"] >= 1, "--n-samples-per-eval-prompt must be ≥ 1")
+    _need(v["eval_temperature"] is None or v["eval_temperature"] >= 0, "--eval-temperature must be ≥ 0")
+    _need(v["eval_top_p"] is None or 0 < v["eval_top_p"] <= 1, "--eval-top-p must lie in (0, 1]")
     _need(v["max_num_batched_tokens"] >= v["max_num_seqs"],
           f"--max-num-batched-tokens {v['max_num_batched_tokens']} is below --max-num-seqs "
           f"{v['max_num_seqs']}; vLLM needs at least one token per running sequence per iteration")
@@ -296,6 +302,19 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
         _need(not (command == "simulate" and "prompt_length" in given),
               "--prompt-data and --prompt-length both set the simulated prompt lengths; give one (the simulator "
               "takes the dataset's prompt lengths from --prompt-data)")
+    pairs = list(v["eval_prompt_data"] or ())
+    _need(len(pairs) % 2 == 0, f"--eval-prompt-data takes NAME PATH pairs, got {len(pairs)} words: {' '.join(pairs)}")
+    names = pairs[0::2]
+    _need(len(set(names)) == len(names), f"--eval-prompt-data names a set twice: {names}")
+    for name, path in zip(names, pairs[1::2], strict=True):
+        _need(name.replace("_", "").replace("-", "").isalnum(),
+              f"--eval-prompt-data set name {name!r}: use letters, digits, - and _ (it becomes eval/{name}/...)")
+        _need(os.path.isfile(path), f"--eval-prompt-data {name} {path}: file not found; give an existing JSONL file")
+    v["eval_prompt_data"] = tuple(pairs)
+    _need(not (pairs and not v["eval_interval"]), "--eval-prompt-data needs --eval-interval N (how often to evaluate)")
+    _need(not (v["eval_interval"] and not pairs and v["backend"] == "real"),
+          f"--eval-interval {v['eval_interval']} needs --eval-prompt-data NAME PATH (the simulator alone makes up "
+          f"evaluation prompts)")
     if v["load"] is not None:
         _need(os.path.isdir(v["load"]), f"--load {v['load']}: no such checkpoint directory; give the --save "
                                         f"directory of an earlier run (or leave --load out)")

@@ -2,7 +2,7 @@
 
 `real_session(args)` is an async context manager yielding a `RealSession` with what the
 orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tokenizer``,
-``eval_source``, ``observers``; see `vime.runs.real.run_real`). On entry it
+``eval_sources``, ``observers``; see `vime.runs.real.run_real`). On entry it
 
 1. checks the configuration against this machine (CPU: ``--update-weight-mode disk`` — CUDA IPC
    buckets cannot reach a CPU server);
@@ -48,7 +48,7 @@ class RealSession:
     trainer: Any
     data_source: Any
     tokenizer: Any
-    eval_source: Any = None
+    eval_sources: dict[str, Any] = field(default_factory=dict)  # name -> vime.orchestrator.EvalSet
     observers: list[Any] = field(default_factory=list)
     device: str = "cpu"
     update_weight_mode: str = "tensor"
@@ -129,7 +129,7 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
     from vime.real.vllm.client import VLLMEngine
     from vime.real.vllm.launcher import Launcher, engine_specs
     from vime.real.vllm.router import RouterSpec, VLLMRouterClient, start_router
-    from vime.rollout.data_source import DataSource, has_tokenizer, load_tokenizer
+    from vime.rollout.data_source import DataSource, eval_sets_from_files, has_tokenizer, load_tokenizer
 
     device = detect_device()
     check_args(args, device)
@@ -224,13 +224,13 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
             t = time.monotonic()
             tokenizer = await asyncio.to_thread(load_tokenizer, args)
             data_source = DataSource.from_args(args, tokenizer=tokenizer)
-            eval_source = DataSource.from_args(args, tokenizer=tokenizer) if getattr(args, "eval_interval", None) \
-                else None
+            eval_sources = eval_sets_from_files(args, list(args.eval_prompt_data), tokenizer=tokenizer) \
+                if getattr(args, "eval_interval", None) else {}
             timings["data"] = time.monotonic() - t
             _log("ready: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
                  + (f"; weights through {weight_dir}" if weight_dir else ""))
             yield RealSession(engines=engines, router=router, trainer=exposed_trainer, data_source=data_source,
-                              tokenizer=tokenizer, eval_source=eval_source, device=device, update_weight_mode=mode,
+                              tokenizer=tokenizer, eval_sources=eval_sources, device=device, update_weight_mode=mode,
                               weight_dir=weight_dir, log_dir=log_dir, engine_urls=[s.url for s in specs],
                               router_url=rspec.url, timings=timings)
     finally:

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -309,3 +310,24 @@ def _sample_from_dict(d: dict[str, Any]) -> Sample:
     d = dict(d)
     d["status"] = SampleStatus(d["status"])
     return Sample(**d)
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One evaluation set: its prompts (a DataSource) and the groups one evaluation draws from it
+    (None: --rollout-batch-size; a dataset is evaluated whole by giving its size)."""
+
+    source: DataSource
+    groups: int | None = None
+
+
+def eval_sets_from_files(args: Any, pairs: Sequence[str], *, tokenizer: Any) -> dict[str, EvalSet]:
+    """One EvalSet per ``--eval-prompt-data NAME PATH`` pair, each evaluated whole once per evaluation."""
+    out = {}
+    for name, path in zip(pairs[0::2], pairs[1::2], strict=True):
+        dataset = load_jsonl(path, input_key=args.input_key, label_key=args.label_key, tokenizer=tokenizer,
+                             max_prompt_len=args.rollout_max_prompt_len,
+                             apply_chat_template=bool(getattr(args, "apply_chat_template", False)))
+        source = DataSource(dataset, n_samples_per_prompt=int(args.n_samples_per_eval_prompt), seed=int(args.seed))
+        out[name] = EvalSet(source, groups=len(dataset))
+    return out

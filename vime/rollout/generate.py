@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +163,7 @@ class Rollout:
         self.max_oversubmit = max_oversubmit
         self.abort_timeout_s = abort_timeout_s
         self.sampling_params = default_sampling_params(args)  # seed step 19, vime names
+        self._sampling = self.sampling_params  # this rollout's (generate_rollout's overrides applied)
         self.logprobs = logprobs_count(args)
         self.use_session_header = getattr(args, "router_policy", None) == "consistent_hash"
         self.seed = int(getattr(args, "seed", 0))
@@ -171,9 +172,14 @@ class Rollout:
 
     # --- seed steps 16, 27, 28 ------------------------------------------------------------------
     async def generate_rollout(self, rollout_id: int, data_source: Any, *, evaluation: bool = False,
-                               target_groups: int | None = None) -> RolloutOutput:
-        """Collect `target_groups` (default ``rollout_batch_size``) groups; see the module docstring."""
+                               target_groups: int | None = None,
+                               sampling: Mapping[str, Any] | None = None) -> RolloutOutput:
+        """Collect `target_groups` (default ``rollout_batch_size``) groups; see the module docstring.
+
+        `sampling` overrides some of the rollout's sampling params for this rollout (evaluation sets).
+        """
         args = self.args
+        self._sampling = {**self.sampling_params, **(sampling or {})}
         n = data_source.n_samples_per_prompt
         target = args.rollout_batch_size if target_groups is None else target_groups
         self.rollout_id = rollout_id
@@ -241,7 +247,7 @@ class Rollout:
 
     def _submit(self, state: _State, groups: list[list[Sample]]) -> None:
         for group in groups:
-            task = asyncio.create_task(self._generate_and_rm_group(group, dict(self.sampling_params)))
+            task = asyncio.create_task(self._generate_and_rm_group(group, dict(self._sampling)))
             state.add(task, group)
         state.remaining_batch_size += len(groups)
         state.stats.submitted_groups += len(groups)

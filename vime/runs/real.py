@@ -30,7 +30,7 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
                               reward=reward)
             orch = Orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,
                                 data_source=session.data_source, rollout=rollout,
-                                eval_source=session.eval_source, observers=list(session.observers))
+                                eval_sources=session.eval_sources, observers=list(session.observers))
             return await orch.run(on_startup=on_startup, on_step=on_step)
 
     return asyncio.run(main())

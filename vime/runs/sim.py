@@ -16,7 +16,7 @@ from typing import Any
 from vime.errors import OutOfMemoryError
 from vime.orchestrator import Orchestrator, RunReport, StartupReport, StepReport
 from vime.protocols import StepObserver
-from vime.rollout.data_source import DataSource, SyntheticDataset
+from vime.rollout.data_source import DataSource, EvalSet, SyntheticDataset, eval_sets_from_files
 from vime.rollout.generate import Rollout
 from vime.rollout.rm_hub import RewardHub
 
@@ -88,13 +88,21 @@ def build_sim_orchestrator(args: Any, backends: Any, *, engines: Sequence[Any] |
     trainer = trainer if trainer is not None else backends.trainer
     reward = RewardHub(args, rm_type=getattr(args, "rm_type", None) or "sim")
     rollout = Rollout(args, router, num_engines=len(engines), reward=reward, progress=progress)
-    eval_source = None
-    if getattr(args, "eval_interval", None):
-        eval_source = sim_data_source(args, backends, seed_offset=1,
-                                      n_samples_per_prompt=getattr(args, "n_samples_per_eval_prompt", None) or 1)
     return Orchestrator(args, engines=engines, router=router, trainer=trainer,
                         data_source=data_source or sim_data_source(args, backends), rollout=rollout,
-                        observers=[backends.recorder, *observers], eval_source=eval_source)
+                        observers=[backends.recorder, *observers], eval_sources=sim_eval_sets(args, backends))
+
+
+def sim_eval_sets(args: Any, backends: Any) -> dict[str, EvalSet]:
+    """The ``--eval-prompt-data`` sets (each evaluated whole), or, with only ``--eval-interval``, one
+    synthetic set named "synthetic" of --rollout-batch-size prompts."""
+    if not getattr(args, "eval_interval", None):
+        return {}
+    n = int(args.n_samples_per_eval_prompt)
+    pairs = list(getattr(args, "eval_prompt_data", ()) or ())
+    if not pairs:
+        return {"synthetic": EvalSet(sim_data_source(args, backends, seed_offset=1, n_samples_per_prompt=n))}
+    return eval_sets_from_files(args, pairs, tokenizer=None)
 
 
 def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | None = None,
