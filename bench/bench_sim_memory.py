@@ -29,8 +29,7 @@ def test_pool_alloc_free_with_recorder(benchmark):
     n = 20_000
 
     def work() -> None:
-        env = simpy.Environment()
-        gpu = SimGPU(0, 80 * GiB, recorder=Recorder(lambda: env.now))
+        gpu = SimGPU(0, 80 * GiB, recorder=Recorder(simpy.Environment()))
         for i in range(n):
             gpu.alloc("actor", "activations", (i % 17 + 1) * 2**20)
             gpu.free("actor", "activations")

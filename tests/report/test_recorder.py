@@ -16,15 +16,19 @@ GiB = 1024**3
 REPO = Path(__file__).resolve().parents[2]
 
 
+class _Clock:
+    now = 0.0
+
+
 def _real_like_feed() -> Recorder:
-    t = [0.0]
-    rec = Recorder(lambda: t[0])
+    clock = _Clock()
+    rec = Recorder(clock)
     rec.on_phase("train", True, 0.0, 3)
     rec.on_memory(0, "actor", "params", 8 * GiB, t=0.5)
     rec.on_memory(0, "actor", "activations", 20 * GiB, total=30 * GiB, t=1.0)  # total counts untagged bytes too
     rec.on_memory(0, "actor", "activations", 0, t=2.0)
     rec.on_memory(HOST, "actor", "weight_backup", 8 * GiB)  # t from the clock
-    t[0] = 2.5
+    clock.now = 2.5
     rec.instant("actor", "checkpoint", step=1)
     rec.on_call("actor", "train", 0.0, 2.5)
     rec.on_phase("train", False, 2.5, 3)

@@ -6,14 +6,20 @@ nothing from `vime.sim`). Deterministic: no wall clock of its own, dicts keep in
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vime.errors import OutOfMemoryError, SimulationError
 
 #: Device index of host (pinned CPU) memory in samples, peaks and errors.
 HOST = -1
+
+
+class Clock(Protocol):
+    """Anything whose ``now`` is the current time in seconds: a simpy.Environment, or a real run's clock."""
+
+    @property
+    def now(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,9 @@ class Recorder:
     """Collects everything a run shows: spans, memory samples, peaks, phases, the first OOM.
 
     Times are in the run's clock (virtual seconds in a simulation, monotonic seconds in a real
-    run). ``clock`` is what `now()` reads when a call gives no time (``lambda: env.now``,
-    ``time.monotonic``); unbound, `now()` is 0.0. Feeding it:
+    run). ``clock`` (a `Clock`: the simulation's ``env``, or an object whose ``now`` reads
+    ``time.monotonic()``) is what `now()` reads when a call gives no time; unbound, `now()` is
+    0.0. Feeding it:
 
     - ``on_phase(name, begin, t, rollout_id)`` and ``on_call(component, call, t0, t1)``: the
       `vime.protocols.StepObserver` calls of the orchestrator; phases nest, and a sample or peak
@@ -72,7 +79,7 @@ class Recorder:
     with the (owner, tag) breakdown at the peak), ``tag_peaks``, ``oom``, `peak_table`, `to_dict`.
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock
         self.spans: list[Span] = []
         self.samples: list[MemorySample] = []
@@ -86,12 +93,12 @@ class Recorder:
         # Bytes by (owner, tag) on each device as last reported: the breakdown of a device's peak.
         self._held: dict[int, dict[tuple[str, str], int]] = {}
 
-    def bind(self, clock: Callable[[], float]) -> None:
+    def bind(self, clock: Clock) -> None:
         """Read time from ``clock`` from now on."""
         self.clock = clock
 
     def now(self) -> float:
-        return float(self.clock()) if self.clock is not None else 0.0
+        return float(self.clock.now) if self.clock is not None else 0.0
 
     # --- StepObserver ---------------------------------------------------------------------------
     @property

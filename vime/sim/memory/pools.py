@@ -60,9 +60,10 @@ class _Pool:
         """The pool's time: its env's, else its recorder's clock, else the running simulation's (0.0 outside one)."""
         if self.env is not None:
             return float(self.env.now)
-        if self.recorder is None:
+        rec = self.recorder
+        if rec is None:
             return 0.0
-        return self.recorder.now() if self.recorder.clock is not None else _simulation_now()
+        return float(rec.clock.now) if rec.clock is not None else _simulation_now()
 
     def _oom(self, owner: str, tag: str, nbytes: int, free: int) -> OutOfMemoryError:
         phase = self.recorder.phase if self.recorder is not None else ""
@@ -83,13 +84,14 @@ class _Pool:
                 self.recorder.on_oom(err)
             raise err
         key = (owner, tag)
-        self._held[key] = self._held.get(key, 0) + nbytes
-        self._total += nbytes
-        self.peak_bytes = max(self.peak_bytes, self._total)
-        if self._held[key] > self._peaks.get(key, 0):
-            self._peaks[key] = self._held[key]
+        held = self._held[key] = self._held.get(key, 0) + nbytes
+        total = self._total = self._total + nbytes
+        if total > self.peak_bytes:
+            self.peak_bytes = total
+        if held > self._peaks.get(key, 0):
+            self._peaks[key] = held
         if self.recorder is not None:
-            self.recorder.on_memory(self.index, owner, tag, self._held[key], self._total, self._now())
+            self.recorder.on_memory(self.index, owner, tag, held, total, self._now())
 
     def free(self, owner: str, tag: str, nbytes: int | None = None) -> int:
         """Release `nbytes` (all of (owner, tag) when None); returns the bytes freed.
@@ -105,13 +107,14 @@ class _Pool:
             raise SimulationError(f"{self.name}: {owner}/{tag} frees {amount} bytes but holds only {held}")
         if amount == 0:
             return 0
-        if amount == held:
-            del self._held[key]
+        left = held - amount
+        if left:
+            self._held[key] = left
         else:
-            self._held[key] = held - amount
+            del self._held[key]
         self._total -= amount
         if self.recorder is not None:
-            self.recorder.on_memory(self.index, owner, tag, held - amount, self._total, self._now())
+            self.recorder.on_memory(self.index, owner, tag, left, self._total, self._now())
         return amount
 
     # --- queries --------------------------------------------------------------------------------
@@ -189,7 +192,7 @@ class SimCluster:
             raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")
         rec = recorder if recorder is not None else Recorder()
         if rec.clock is None:
-            rec.bind(lambda: env.now)
+            rec.bind(env)
         gpus = [SimGPU(i, hardware.memory_bytes, recorder=rec, env=env) for i in range(num_gpus)]
         return cls(env, hardware, gpus, SimHost(host_capacity, recorder=rec, env=env), rec)
 
