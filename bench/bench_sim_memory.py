@@ -13,9 +13,10 @@ import simpy
 from vime.algo.dp_schedule import build_dp_schedule
 from vime.config import parse_args
 from vime.protocols import ENGINE_TAGS, TAG_CUDA_GRAPH, TAG_KV_CACHE, TAG_RUNTIME, TAG_WEIGHTS
+from vime.report.recorder import Recorder
 from vime.sim import clock
 from vime.sim.hardware import load_hardware
-from vime.sim.memory import GiB, SimAllocator, SimCluster, SimGPU, SimRecorder
+from vime.sim.memory import GiB, SimAllocator, SimCluster, SimGPU
 from vime.sim.models import load_model
 from vime.sim.trainer import SimTrainer
 from vime.types import TrainBatch
@@ -28,7 +29,7 @@ def test_pool_alloc_free_with_recorder(benchmark):
     n = 20_000
 
     def work() -> None:
-        gpu = SimGPU(0, 80 * GiB, recorder=SimRecorder(simpy.Environment()))
+        gpu = SimGPU(0, 80 * GiB, recorder=Recorder(simpy.Environment()))
         for i in range(n):
             gpu.alloc("actor", "activations", (i % 17 + 1) * 2**20)
             gpu.free("actor", "activations")

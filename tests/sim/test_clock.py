@@ -1,4 +1,4 @@
-"""Tests of the virtual clock (vime/sim/clock.py): exact virtual time, one tie order, bridges, deadlocks, refusals, determinism."""
+"""Tests of the virtual clock (vime/sim/clock/): exact virtual time, one tie order, bridges, deadlocks, refusals, determinism."""
 
 from __future__ import annotations
 

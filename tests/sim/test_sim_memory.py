@@ -13,17 +13,16 @@ from hypothesis import strategies as st
 
 from vime.errors import LifecycleError, OutOfMemoryError, SimulationError, UnknownTagError
 from vime.protocols import ENGINE_TAGS, TAG_CUDA_GRAPH, TAG_KV_CACHE, TAG_RUNTIME, TAG_WEIGHTS, TagState
+from vime.report.recorder import HOST, Recorder
 from vime.sim import clock
 from vime.sim.hardware import load_hardware
 from vime.sim.memory import (
-    HOST,
     GiB,
     HostOutOfMemoryError,
     SimAllocator,
     SimCluster,
     SimGPU,
     SimHost,
-    SimRecorder,
 )
 
 H100 = load_hardware("H100-SXM-80G")
@@ -350,7 +349,7 @@ def test_host_oom_aborts_the_sleep_before_anything_changes():
 # --------------------------------------------------------------------------------------------
 
 
-def _scenario() -> SimRecorder:
+def _scenario() -> Recorder:
     cl = _cluster()
     alloc = _engine_allocator(cl)
     actor = SimAllocator("actor", cl.gpus, H100, host=cl.host, known_tags={"params"})
@@ -404,4 +403,4 @@ def test_cluster_uses_the_hardware_capacity():
     small = replace(H100, memory_bytes=GiB)
     cl = SimCluster.create(simpy.Environment(), small, 3)
     assert [g.capacity for g in cl.gpus] == [GiB] * 3 and [g.index for g in cl.gpus] == [0, 1, 2]
-    assert cl.recorder.env is cl.env
+    assert cl.recorder.clock is cl.env

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from vime.sim.memory import HOST, SimRecorder
+from vime.report.recorder import HOST, Recorder
 
 GiB = 1024**3
 
@@ -41,7 +41,7 @@ def _phase_bar(phases: dict[str, dict[str, float]], width: int = 900) -> str:
     return f'<svg class="bar" width="{width}" height="36" role="img">{"".join(parts)}</svg>'
 
 
-def _timeline(recorder: SimRecorder, width: int = 900) -> str:
+def _timeline(recorder: Recorder, width: int = 900) -> str:
     spans = recorder.spans
     if not spans:
         return "<p>no spans recorded</p>"
@@ -76,7 +76,7 @@ def hash_name(name: str) -> int:
     return h
 
 
-def _memory_chart(recorder: SimRecorder, gpu: int, capacity: int | None, width: int = 900,
+def _memory_chart(recorder: Recorder, gpu: int, capacity: int | None, width: int = 900,
                   height: int = 160) -> str:
     """Stacked step chart of one GPU's memory by owner/tag over time."""
     samples = [m for m in recorder.samples if m.gpu == gpu]
@@ -130,7 +130,7 @@ def _table(rows: list[list[Any]], head: list[str]) -> str:
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def render_html(doc: dict[str, Any], recorder: SimRecorder) -> str:
+def render_html(doc: dict[str, Any], recorder: Recorder) -> str:
     """The report page for one simulation `doc` (the --json document) and its recorder."""
     summary = doc["summary"]
     verdict = doc["verdict"]

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from vime.sim.memory import HOST, MemorySample, SimRecorder, Span
+from vime.report.recorder import HOST, MemorySample, Recorder, Span
 
 _US = 1e6  # trace timestamps are microseconds
 GiB = 1024**3
@@ -96,12 +96,12 @@ def trace_events(spans: Iterable[Span], samples: Iterable[MemorySample],
     return events
 
 
-def recorder_trace(recorder: SimRecorder) -> dict[str, Any]:
+def recorder_trace(recorder: Recorder) -> dict[str, Any]:
     """The whole trace document of one simulation."""
     return {"traceEvents": trace_events(recorder.spans, recorder.samples, recorder.instants),
             "displayTimeUnit": "ms", "otherData": {"producer": "vime simulate"}}
 
 
-def write_trace(recorder: SimRecorder, path: str) -> None:
+def write_trace(recorder: Recorder, path: str) -> None:
     with open(path, "w") as f:
         json.dump(recorder_trace(recorder), f, separators=(",", ":"))

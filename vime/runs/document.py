@@ -75,7 +75,7 @@ def _rollout_figures(sim: Simulation) -> dict[str, Any]:
 
 
 def _memory(sim: Simulation) -> dict[str, Any]:
-    from vime.sim.memory import HOST
+    from vime.report.recorder import HOST
 
     rec = sim.backends.recorder
     gpus = []

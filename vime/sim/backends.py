@@ -25,10 +25,11 @@ import simpy
 
 from vime.errors import SimulationError
 from vime.protocols import ENGINE_TAGS, STARTUP_SLEEP_LEVEL
+from vime.report.recorder import Recorder
 from vime.sim.engine import NON_DEFERRABLE, EngineSettings, SimEngine
 from vime.sim.hardware import HardwareSpec, load_hardware
 from vime.sim.lengths import LengthSampler
-from vime.sim.memory import SimAllocator, SimCluster, SimGPU, SimHost, SimRecorder
+from vime.sim.memory import SimAllocator, SimCluster, SimGPU, SimHost
 from vime.sim.models import ModelSpec, load_model
 from vime.sim.router import SimRouter
 from vime.sim.trainer import SimTrainer
@@ -44,7 +45,7 @@ class SimBackends:
     trainer: SimTrainer
     gpus: list[SimGPU]
     host: SimHost
-    recorder: SimRecorder
+    recorder: Recorder
     hardware: HardwareSpec
     model: ModelSpec
     cluster: SimCluster | None = None

@@ -1,35 +1,10 @@
-"""The virtual clock: an asyncio event loop driven by a simpy.Environment, so orchestration and hardware models share one time.
-
-DESIGN.md, "One clock for both worlds". The orchestration (seed: 256 concurrent ``generate`` tasks, a
-semaphore, ``asyncio.wait(FIRST_COMPLETED)``) is ordinary asyncio code; the hardware models are simpy
-processes. :class:`SimEventLoop` runs the asyncio side on top of a ``simpy.Environment``:
-
-* ``loop.time()`` is ``env.now``;
-* every asyncio timer (``call_at``/``call_later``, hence ``asyncio.sleep``, ``wait_for``,
-  ``asyncio.timeout``) is a simpy timeout in the environment's own queue, so timers and simpy
-  events share one queue and one tie order (time, then priority, then creation order);
-* each loop iteration processes the simpy events due at the current time (where asyncio would
-  poll I/O), then runs the ready callbacks; when none is ready the loop steps simpy, one event at
-  a time, until an asyncio callback becomes ready -- no real waiting, no selector;
-* nothing ready and nothing scheduled while a task is still pending is a deadlock:
-  :class:`~vime.errors.SimulationError` naming every pending task and what it awaits, never a hang;
-* threads (``run_in_executor``, ``asyncio.to_thread``) and real I/O (sockets, subprocesses, pipes,
-  signals) are refused with a SimulationError: the virtual clock cannot see wall-clock work.
-
-Bridges: ``await wait_event(ev)`` waits for a simpy event from asyncio; a simpy process can
-``yield future_event(fut)`` to wait for an asyncio future or task. Exceptions cross both ways.
+"""SimEventLoop: the asyncio event loop whose clock is a simpy.Environment's and whose timers are simpy events.
 
 The loop subclasses ``asyncio.BaseEventLoop`` and keeps its ``_run_once`` (3.11-3.13 alike): it
 relies on ``_run_once`` asking ``self._selector.select(timeout)`` with ``timeout == 0`` when
 callbacks are ready or a stop is pending and ``None`` otherwise (our timers never enter
 ``self._scheduled``), on ``self._ready`` being the deque of ready handles, and on
 ``TimerHandle.cancel`` calling ``loop._timer_handle_cancelled``.
-
-Caveats: a simpy process that ticks forever keeps the queue non-empty and so hides a deadlock --
-bound such runs with ``run(..., until=t)``. A failed simpy event nobody waits for stops the run,
-and simpy re-raises it as ``type(exc)(*exc.args)``: an exception class whose ``__init__`` does not
-accept its own ``.args`` then surfaces as a TypeError. ``asyncio.wait`` returns sets: sort what
-you collect by a stable key.
 """
 
 from __future__ import annotations
@@ -42,27 +17,12 @@ import itertools
 import math
 import threading
 import weakref
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import simpy
 from simpy.core import EmptySchedule
 
 from vime.errors import SimulationError
-
-__all__ = [
-    "SimEventLoop",
-    "current_env",
-    "event_future",
-    "future_event",
-    "new_sim_loop",
-    "now",
-    "run",
-    "sleep_until",
-    "wait_event",
-]
-
-T = TypeVar("T")
 
 # A deadlock report lists at most this many tasks (the seed runs 256 generate tasks at once).
 _MAX_LISTED_TASKS = 40
@@ -321,7 +281,7 @@ class SimEventLoop(asyncio.BaseEventLoop):
         if waiter is None:
             waits = "nothing"
         elif waiter in self._event_waits:
-            waits = _describe_event(self._event_waits[waiter])
+            waits = describe_event(self._event_waits[waiter])
         elif isinstance(waiter, asyncio.Task):
             waits = f"task {waiter.get_name()!r}"
         else:
@@ -438,7 +398,7 @@ for _name in (
 del _name
 
 
-def _describe_event(event: simpy.Event) -> str:
+def describe_event(event: simpy.Event) -> str:
     """A short, address-free description of a simpy event for error messages."""
     kind = type(event).__name__
     if isinstance(event, simpy.Process):
@@ -450,207 +410,3 @@ def _describe_event(event: simpy.Event) -> str:
         kind = f"{kind} on {type(event.resource).__name__}"
     state = "triggered" if event.triggered else "not triggered"
     return f"simpy event {kind} ({state})"
-
-
-def new_sim_loop(env: simpy.Environment | None = None) -> SimEventLoop:
-    """A new SimEventLoop on ``env`` (a fresh Environment starting at 0.0 if None). The caller closes it."""
-    return SimEventLoop(env)
-
-
-def _running_sim_loop(what: str) -> SimEventLoop:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    if not isinstance(loop, SimEventLoop):
-        where = "no event loop is running" if loop is None else f"the running loop is {type(loop).__name__}"
-        raise SimulationError(
-            f"{what} works only inside a simulation, but {where}; start the coroutine with "
-            "vime.sim.clock.run(...) or on a new_sim_loop()")
-    return loop
-
-
-def current_env() -> simpy.Environment:
-    """The simpy.Environment of the running SimEventLoop; SimulationError outside one."""
-    return _running_sim_loop("current_env()").env
-
-
-def now() -> float:
-    """The current virtual time (``current_env().now``)."""
-    return _running_sim_loop("now()").env.now
-
-
-def event_future(event: simpy.Event) -> asyncio.Future[Any]:
-    """An asyncio future that resolves when ``event`` is processed: its value, or its exception.
-
-    Must be called inside the SimEventLoop that owns ``event``'s environment. A failure delivered
-    to the future counts as handled (the event is defused). If the future is cancelled first it
-    detaches, and a later failure of ``event`` is then unhandled, as in plain simpy.
-    """
-    loop = _running_sim_loop("event_future()")
-    if not isinstance(event, simpy.Event):
-        raise TypeError(f"expected a simpy event (timeout, process, request, ...), got {type(event).__name__}")
-    if event.env is not loop.env:
-        raise SimulationError(
-            f"{_describe_event(event)} belongs to another simpy.Environment than the running "
-            "SimEventLoop; create it from current_env()")
-    fut = loop.create_future()
-    if event.callbacks is None:  # already processed
-        _deliver(fut, event)
-        return fut
-
-    def on_event(ev: simpy.Event) -> None:
-        if not fut.done():
-            _deliver(fut, ev)
-
-    def on_done(f: asyncio.Future[Any]) -> None:
-        loop._event_waits.pop(f, None)
-        callbacks = event.callbacks
-        if f.cancelled() and callbacks is not None and on_event in callbacks:
-            callbacks.remove(on_event)
-
-    event.callbacks.append(on_event)
-    loop._event_waits[fut] = event
-    fut.add_done_callback(on_done)
-    return fut
-
-
-def _deliver(fut: asyncio.Future[Any], event: simpy.Event) -> None:
-    if event.ok:
-        fut.set_result(event.value)
-    else:
-        event.defused = True
-        fut.set_exception(cast(BaseException, event.value))
-
-
-async def sleep_until(when: float) -> None:
-    """Sleep until virtual time ``when`` exactly (``asyncio.sleep(when - now())`` can miss it by an ulp)."""
-    loop = _running_sim_loop("sleep_until()")
-    fut = loop.create_future()
-    handle = loop.call_at(when, _set_result_unless_done, fut)
-    try:
-        await fut
-    finally:
-        handle.cancel()
-
-
-def _set_result_unless_done(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-async def wait_event(event: simpy.Event) -> Any:
-    """Wait, from asyncio code, for a simpy event (timeout, process, resource request, ...).
-
-    Returns the event's value at the virtual time it is processed; raises its exception if it failed.
-    """
-    return await event_future(event)
-
-
-def future_event(fut: asyncio.Future[Any], env: simpy.Environment | None = None) -> simpy.Event:
-    """A simpy event that a process can ``yield`` to wait for an asyncio future or task.
-
-    It succeeds with the future's result, fails with its exception, or fails with
-    ``asyncio.CancelledError`` if the future is cancelled. ``env`` defaults to (and must be) the
-    environment of the SimEventLoop that owns ``fut``. As in simpy, a failure nobody yields is
-    unhandled and stops the simulation.
-    """
-    if not asyncio.isfuture(fut):
-        raise TypeError(f"future_event() needs an asyncio future or task, got {type(fut).__name__}; "
-                        "wrap a coroutine with asyncio.ensure_future(...) first")
-    loop = fut.get_loop()
-    if not isinstance(loop, SimEventLoop):
-        raise SimulationError(f"future_event(): the future belongs to a {type(loop).__name__}, not a "
-                              "SimEventLoop, so simpy cannot see when it completes")
-    if env is None:
-        env = loop.env
-    elif env is not loop.env:
-        raise SimulationError("future_event(): env is not the environment of the future's SimEventLoop")
-    event = env.event()
-
-    def on_done(f: asyncio.Future[Any]) -> None:
-        loop._future_events.pop(event, None)
-        if f.cancelled():
-            # simpy's annotation says Exception; it accepts (and processes catch) any BaseException.
-            event.fail(asyncio.CancelledError(f"awaited asyncio future was cancelled: {f!r}"))  # type: ignore[arg-type]
-            return
-        exc = f.exception()
-        if exc is not None:
-            event.fail(exc)  # type: ignore[arg-type]
-        else:
-            event.succeed(f.result())
-
-    if not fut.done():
-        loop._future_events[event] = fut
-    fut.add_done_callback(on_done)
-    return event
-
-
-def run(coro: Coroutine[Any, Any, T], *, env: simpy.Environment | None = None,
-        until: float | None = None) -> T:
-    """Run ``coro`` to completion on a fresh SimEventLoop over ``env`` and return its result.
-
-    Like ``asyncio.run``: the coroutine runs as task ``'main'``; afterwards leftover tasks are
-    cancelled (in creation order) and async generators shut down; the loop is closed, ``env`` is
-    left at the final virtual time with its own simpy events still queued. ``until`` bounds the
-    virtual time: needing an event later than ``until`` raises SimulationError (use it when simpy
-    processes tick forever, which would otherwise hide a deadlock). A deadlock raises
-    SimulationError listing the pending tasks.
-    """
-    if not asyncio.iscoroutine(coro):
-        raise TypeError(f"run() needs a coroutine object, got {coro!r}; call the async function: run(main())")
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        coro.close()
-        raise SimulationError("run() cannot be called from a running event loop; await the coroutine instead")
-    loop = new_sim_loop(env)
-    if until is not None:
-        if not until >= loop.env.now:
-            coro.close()
-            loop.close()
-            raise SimulationError(f"run(until={until!r}) is before the environment's time {loop.env.now!r}")
-        loop._until = until
-    try:
-        result = loop.run_until_complete(loop.create_task(coro, name="main"))
-    except BaseException as exc:
-        try:
-            _finish(loop)
-        except Exception as cleanup:
-            exc.add_note(f"while cleaning up after it: {type(cleanup).__name__}: {cleanup}")
-        finally:
-            loop.close()
-        raise
-    try:
-        _finish(loop)
-    finally:
-        loop.close()
-    return result
-
-
-def _finish(loop: SimEventLoop) -> None:
-    """Cancel leftover tasks in creation order and shut down async generators (asyncio.run's epilogue)."""
-    loop._cancelling_leftovers = True
-    try:
-        leftovers = loop._pending_tasks()
-        if leftovers:
-            for task in leftovers:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*leftovers, return_exceptions=True))
-            for task in leftovers:
-                if not task.cancelled() and task.exception() is not None:
-                    loop.call_exception_handler({
-                        "message": "unhandled exception during vime.sim.clock.run() shutdown",
-                        "exception": task.exception(),
-                        "task": task,
-                    })
-        shutdown = loop.shutdown_asyncgens()
-        try:
-            loop.run_until_complete(shutdown)
-        except BaseException:
-            shutdown.close()  # the loop failed under it; leave no never-finished coroutine behind
-            raise
-    finally:
-        loop._cancelling_leftovers = False

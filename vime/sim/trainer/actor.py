@@ -1,0 +1,305 @@
+"""SimTrainer: the simulated Megatron actor group's protocol calls and lifecycle, with memory on the shared SimGPUs.
+
+`SimTrainer` implements `vime.protocols.Trainer` for TP × PP × CP × DP ranks placed on the first
+``actor_num_nodes × actor_num_gpus_per_node`` GPUs of a `SimCluster` (`Layout`). What it does, per
+seed step (the bytes and seconds come from `ActorCostModel`):
+
+- step 3 (`init`): CUDA context, bf16 params, fp32 main grads, fp32 master + Adam m, v (sharded
+  over DP × CP with the distributed optimizer), a pinned host backup of the weights; asleep
+  afterwards when ``offload_train``.
+- step 37 (`wake_up`) / step 41 (`sleep`): params and optimizer offloaded to pinned host memory
+  and back, grads discarded, through a `SimAllocator` at host-link speed with VMM costs.
+- step 38: the old-log-prob forward over the whole batch only when `vime.algo.logprob_reuse`
+  says the training forward cannot be reused.
+- step 40: per DP rank (concurrently), per micro-batch: activations allocated for the
+  micro-batch, fwd + bwd time; then gradient reduce-scatter, the optimizer step (its temporaries
+  allocated meanwhile) and the parameter all-gather over DP.
+- step 41: the weight backup (device → host copy of each rank's params).
+- step 48 (`export_weights`): HF-named, TP-gathered tensors packed into buckets; each bucket is
+  staged on every actor GPU (a packed buffer the colocated engine reads over CUDA IPC) with the
+  cost of its host → device copy and TP all-gather, and freed when the consumer asks for the next.
+
+Times are virtual (`vime.sim.clock`); metrics are deterministic functions of the batch and the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from vime.errors import ConfigError, TrainerError
+from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightBucket
+from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
+from vime.sim.trainer.cost_model import ActorCostModel
+from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
+
+if TYPE_CHECKING:
+    from vime.sim.models import ModelSpec, Recompute
+    from vime.types import TrainBatch
+
+OWNER = "actor"
+
+
+def _pinned_mode(args: Any) -> PinnedMode:
+    """--train-offload-backend: vime's CuMem allocator keeps its pinned host buffers (allocated once);
+    torch_memory_saver pins host memory anew on every pause (vllm-project/vime #442/#444)."""
+    backend = getattr(args, "train_offload_backend", "cumem")
+    return "cold" if backend == "torch_memory_saver" else "persistent"
+
+
+class SimTrainer(ActorCostModel):
+    """The actor group as one object (`vime.protocols.Trainer`), with memory on the cluster's GPUs.
+
+    Construct, then ``await init()`` inside the simulation. ``pinned`` chooses how the offload
+    buffers behave ("persistent": allocated once, vime's CuMem; "cold": torch_memory_saver,
+    pinned again on every sleep). ``reuse_log_probs`` overrides the seed-step-38 decision
+    (None: ask `vime.algo.logprob_reuse`). ``recompute`` overrides
+    ``args.recompute_granularity`` (none / selective / full activation recomputation).
+
+    With ``use_kl_loss`` (or a non-zero ``kl_coef``) every train call also computes reference
+    log-probs: the reference weights are swapped in from host memory over the params (slime keeps
+    them in its CPU weight backup), a forward runs over the batch, and the actor's weights are
+    swapped back — no extra device memory, 2 × params / h2d plus one forward of time.
+    Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
+    """
+
+    def __init__(self, args: Any, model: ModelSpec, cluster: SimCluster, *, name: str = OWNER,
+                 pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
+                 recompute: Recompute | None = None, seed: int | None = None) -> None:
+        super().__init__(args, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
+        self.cluster = cluster
+        self.name = name
+        self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
+        self.offload_train = bool(getattr(args, "offload_train", False))
+        self.reuse_log_probs = reuse_log_probs
+        self.seed = int(seed if seed is not None else getattr(args, "seed", 0))
+        self.lifecycle = TrainerLifecycle(name)
+        self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
+                                      pinned=pinned or _pinned_mode(args), recorder=cluster.recorder, env=cluster.env)
+        self.initialized = False
+        self.train_calls = 0
+        self._checkpoints: dict[str, int] = {}
+        self.last_timings: dict[str, float] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    async def init(self) -> None:
+        """Seed step 3: build the model and optimizer on the GPUs, back the weights up on the host,
+        and go to sleep when ``offload_train`` (the engines wake next, seed steps 4–7)."""
+        if self.initialized:
+            raise TrainerError(f"{self.name}: init() called twice")
+        env = self.cluster.env
+        t0 = float(env.now)
+        for gpu in self.gpus:
+            gpu.alloc(self.name, TAG_CONTEXT, self.hw.cuda_context_bytes)
+        for tag, sizes in self.state_bytes_per_gpu().items():
+            self.allocator.allocate(tag, sizes)
+        self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.state_bytes_per_gpu()["params"]))
+        await elapse(env, self._backup_seconds())
+        self.initialized = True
+        self.cluster.recorder.span(self.name, "init", t0, float(env.now))
+        if self.offload_train:
+            await self.sleep()
+
+    async def sleep(self) -> None:
+        """Seed step 41: params and optimizer state to pinned host memory, grads (and activations) dropped."""
+        self._require_init("sleep")
+        self.lifecycle.check("sleep")
+        t0 = float(self.cluster.env.now)
+        await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
+        self.lifecycle.apply("sleep")
+        self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
+
+    async def wake_up(self) -> None:
+        """Seed step 37: remap every tag, copy params and optimizer back."""
+        self._require_init("wake_up")
+        self.lifecycle.check("wake_up")
+        t0 = float(self.cluster.env.now)
+        await self.allocator.wake_up(None)
+        self.lifecycle.apply("wake_up")
+        self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
+
+    def _require_init(self, call: str) -> None:
+        if not self.initialized:
+            raise TrainerError(f"{self.name}: {call}() before init(); await trainer.init() first")
+
+    # --- training -------------------------------------------------------------------------------
+    def needs_log_prob_recompute(self, batch: TrainBatch) -> bool:
+        """Seed step 38: the separate old-log-prob forward runs unless the loss may reuse the training forward."""
+        if self.reuse_log_probs is not None:
+            return not self.reuse_log_probs
+        from vime.algo.logprob_reuse import needs_log_prob_recompute
+        return needs_log_prob_recompute(self.args, batch.num_microbatches)
+
+    async def _run_microbatches(self, batch: TrainBatch, step: int | None, *, backward: bool,
+                                label: str) -> None:
+        """Every DP rank runs its micro-batches concurrently; returns when the slowest is done."""
+        lay = self.layout
+        env = self.cluster.env
+
+        async def dp_rank(r: int) -> None:
+            rank_batch = batch.for_rank(r)
+            positions = lay.ranks_of_dp(r)  # rank r sits on self.gpus[r]
+            micro_batches = rank_batch.micro_batches(step)
+            inflight = min(lay.pp, max(1, len(micro_batches)))
+            busy = 0.0
+            for mb in micro_batches:
+                lengths = [rank_batch.total_lengths[i] for i in mb]
+                tokens = sum(lengths)
+                if backward:
+                    nbytes = self.activation_bytes(tokens, lengths) * inflight
+                else:  # forward only: logits for the log-softmax of this micro-batch
+                    nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
+                sizes = dict.fromkeys(positions, nbytes)
+                self.allocator.allocate("activations", sizes)
+                fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
+                await elapse(env, fwd + bwd)
+                busy += fwd + bwd
+                self.allocator.release("activations", sizes)
+            if lay.pp > 1 and micro_batches:
+                # 1F1B pipeline: (m + pp − 1) stage slots for m micro-batches; the bubble is pp − 1 of them.
+                await elapse(env, (lay.pp - 1) * busy / len(micro_batches))
+
+        t0 = float(env.now)
+        tasks = [asyncio.ensure_future(dp_rank(r)) for r in range(lay.dp)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+        self.cluster.recorder.span(self.name, label, t0, float(env.now), step=step)
+
+    def needs_ref_log_probs(self) -> bool:
+        """A KL term (loss or reward penalty) needs the reference model's log-probs."""
+        return bool(getattr(self.args, "use_kl_loss", False)) or float(getattr(self.args, "kl_coef", 0.0)) != 0.0
+
+    async def _ref_log_probs(self, rollout_id: int, batch: TrainBatch) -> float:
+        env = self.cluster.env
+        t0 = float(env.now)
+        swap = self._ref_swap_seconds()
+        await elapse(env, swap)  # reference weights in
+        await self._run_microbatches(batch, None, backward=False, label="compute_ref_log_prob")
+        await elapse(env, swap)  # actor weights back
+        self.cluster.recorder.span(self.name, "ref_log_probs", t0, float(env.now), rollout_id=rollout_id)
+        return float(env.now) - t0
+
+    async def compute_log_prob(self, rollout_id: int, batch: TrainBatch) -> float:
+        """The old-log-prob forward over the whole batch (seed step 38); returns its virtual seconds."""
+        self._require_init("compute_log_prob")
+        self.lifecycle.check("compute_log_prob")
+        t0 = float(self.cluster.env.now)
+        await self._run_microbatches(batch, None, backward=False, label="compute_log_prob")
+        return float(self.cluster.env.now) - t0
+
+    async def train(self, rollout_id: int, batch: TrainBatch) -> TrainMetrics:
+        """Seed steps 37–41 for one rollout; requires awake (the orchestrator wakes the trainer first)."""
+        self._require_init("train")
+        self.lifecycle.check("train")
+        env = self.cluster.env
+        if batch.dp_size != self.layout.dp:
+            raise TrainerError(f"{self.name}: the batch is scheduled for DP={batch.dp_size} but the trainer "
+                               f"has DP={self.layout.dp}")
+        t_start = float(env.now)
+        timings: dict[str, float] = {}
+        recompute = self.needs_log_prob_recompute(batch)
+        if recompute:
+            timings["log_probs_time"] = await self.compute_log_prob(rollout_id, batch)
+        if self.needs_ref_log_probs():
+            timings["ref_log_probs_time"] = await self._ref_log_probs(rollout_id, batch)
+        t_train = float(env.now)
+        for step in range(batch.schedule.num_steps):
+            await self._run_microbatches(batch, step, backward=True, label=f"train_step{step}")
+            t_opt = float(env.now)
+            transient = dict(enumerate(self.optimizer_transient_per_gpu()))
+            if any(transient.values()):
+                self.allocator.allocate("activations", transient)
+            await elapse(env, self._optimizer_seconds())
+            if any(transient.values()):
+                self.allocator.release("activations", transient)
+            self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
+        timings["actor_train_time"] = float(env.now) - t_train
+        t_backup = float(env.now)
+        await elapse(env, self._backup_seconds())  # seed step 41: weights_backuper.backup("actor")
+        timings["weight_backup_time"] = float(env.now) - t_backup
+        timings["train_time"] = float(env.now) - t_start
+        self.train_calls += 1
+        self.last_timings = timings
+        self.cluster.recorder.span(self.name, "train", t_start, float(env.now), rollout_id=rollout_id,
+                                   recompute_log_probs=recompute)
+        return self._metrics(rollout_id, batch, recompute, timings)
+
+    def _metrics(self, rollout_id: int, batch: TrainBatch, recomputed: bool,
+                 timings: dict[str, float]) -> TrainMetrics:
+        """Deterministic, plausible figures. The loss is exact for the first step (ratio 1, seed step 40):
+        the per-token mean of −advantage over loss-masked tokens; the rest is seeded noise."""
+        num = 0.0
+        tokens = 0
+        for adv, mask in zip(batch.rewards, batch.loss_masks, strict=True):
+            n = len(mask) - mask.count(0)  # C-speed count; masks hold 0/1
+            num += -adv * n
+            tokens += n
+        loss = num / tokens if tokens else 0.0
+        rng = random.Random(self.seed * 1_000_003 + rollout_id)
+        steps = batch.schedule.num_steps
+        clipfrac = 0.0 if steps == 1 else rng.uniform(0.0, 0.02) * (steps - 1) / steps
+        grad_norm = 0.5 * math.exp(rng.gauss(0.0, 0.25))
+        entropy = max(0.05, 0.6 * math.exp(-0.002 * rollout_id) + rng.gauss(0.0, 0.01))
+        flops = 3.0 * sum(self.model.sequence_flops(n) for n in batch.total_lengths)
+        if recomputed:
+            flops += flops / 3.0
+        extra = {f"perf/{k}": v for k, v in timings.items()}
+        train_time = timings.get("actor_train_time", 0.0) + timings.get("log_probs_time", 0.0)
+        if train_time > 0:
+            extra["perf/actor_train_tflops"] = flops / train_time / self.layout.world / 1e12
+        return TrainMetrics(rollout_id=rollout_id, loss=loss, pg_clipfrac=clipfrac, grad_norm=grad_norm,
+                            entropy=entropy, tokens=tokens, num_steps=steps, recomputed_log_probs=recomputed,
+                            extra=extra)
+
+    # --- weights ----------------------------------------------------------------------------------
+    async def export_weights(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:
+        """Seed step 48: HF-named full tensors in buckets of at most `bucket_bytes` (a larger tensor
+        gets a bucket of its own). Each bucket is staged on every actor GPU while the consumer uses it."""
+        self._require_init("export_weights")
+        self.lifecycle.check("export_weights")
+        if bucket_bytes <= 0:
+            raise ConfigError(f"--update-weight-buffer-size must be > 0, got {bucket_bytes}")
+        env = self.cluster.env
+        index = 0
+        for names, shapes, nbytes in self._buckets(bucket_bytes):
+            t0 = float(env.now)
+            for gpu in self.gpus:
+                gpu.alloc(self.name, TAG_WEIGHT_BUFFER, nbytes)
+            try:
+                # Each rank stages its shard from the CPU backup, then TP ranks gather full tensors.
+                await elapse(env, self._bucket_seconds(nbytes))
+                self.cluster.recorder.span(self.name, "export_bucket", t0, float(env.now), index=index,
+                                           nbytes=nbytes)
+                yield WeightBucket(names=names, dtype_names=["bfloat16"] * len(names),
+                                   shapes=[list(s) for s in shapes], nbytes=nbytes, index=index)
+            finally:
+                for gpu in self.gpus:
+                    gpu.free(self.name, TAG_WEIGHT_BUFFER, nbytes)
+            index += 1
+
+    # --- checkpoints --------------------------------------------------------------------------
+    async def save_checkpoint(self, rollout_id: int, path: str) -> None:
+        """Costs the write of params + optimizer at CHECKPOINT_BYTES_PER_S per node; remembers `rollout_id`."""
+        self._require_init("save_checkpoint")
+        self.lifecycle.check("save_checkpoint")
+        t0 = float(self.cluster.env.now)
+        await elapse(self.cluster.env, self._checkpoint_seconds())
+        self._checkpoints[path] = rollout_id
+        self.cluster.recorder.span(self.name, "save_checkpoint", t0, float(self.cluster.env.now),
+                                   rollout_id=rollout_id, gib=self.checkpoint_bytes() / GiB)
+
+    async def load_checkpoint(self, path: str) -> int:
+        """Costs the read of a checkpoint; returns the rollout id to resume from: one after the one
+        this trainer saved at `path`, else ``args.start_rollout_id`` (a checkpoint made outside the simulation)."""
+        t0 = float(self.cluster.env.now)
+        await elapse(self.cluster.env, self._checkpoint_seconds())
+        self.cluster.recorder.span(self.name, "load_checkpoint", t0, float(self.cluster.env.now))
+        if path in self._checkpoints:
+            return self._checkpoints[path] + 1
+        return int(getattr(self.args, "start_rollout_id", 0) or 0)

@@ -1,0 +1,196 @@
+"""One actor group's cost and bytes model: state and activation bytes per GPU, and the seconds of each part of a step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from vime.errors import ConfigError
+from vime.sim.trainer.costs import (
+    CHECKPOINT_BYTES_PER_S,
+    compute_seconds,
+    optimizer_step_bytes,
+    streaming_bytes_per_s,
+)
+from vime.sim.trainer.footprint import (
+    OPTIMIZER_BYTES,
+    PARAM_BYTES,
+    TAG_CONTEXT,
+    grad_bytes,
+    optimizer_transient_bytes,
+    rope_bytes,
+    score_bytes,
+    software_terms,
+)
+from vime.sim.trainer.layout import Layout
+
+if TYPE_CHECKING:
+    from vime.sim.hardware import HardwareSpec
+    from vime.sim.models import ModelSpec, Recompute
+
+#: One weight-sync bucket: HF names, shapes, bytes.
+Bucket = tuple[list[str], list[tuple[int, ...]], int]
+
+
+def _recompute_mode(args: Any) -> Recompute:
+    gran = getattr(args, "recompute_granularity", None)
+    if gran in (None, "", "none"):
+        return "none"
+    if gran not in ("selective", "full"):
+        raise ConfigError(f"--recompute-granularity {gran!r}: expected full or selective")
+    return gran  # type: ignore[no-any-return]
+
+
+class ActorCostModel:
+    """What the actor group's state takes on each GPU and how long each part of its step lasts.
+
+    Pure: it depends on the arguments, the model, the hardware and the layout only, and changes
+    nothing. `SimTrainer` extends it with memory on the cluster's GPUs and the virtual clock.
+    ``recompute`` overrides ``args.recompute_granularity`` (none / selective / full).
+    """
+
+    def __init__(self, args: Any, model: ModelSpec, hardware: HardwareSpec, num_gpus: int, *,
+                 recompute: Recompute | None = None) -> None:
+        self.args = args
+        self.model = model
+        self.hw = hardware
+        self.layout = Layout.from_args(args, num_gpus)
+        self.recompute: Recompute = recompute if recompute is not None else _recompute_mode(args)
+        if self.recompute not in ("none", "selective", "full"):
+            raise ConfigError(f"recompute must be none, selective or full, got {self.recompute!r}")
+        self.distributed_optimizer = bool(getattr(args, "use_distributed_optimizer", True))
+
+    # --- bytes -----------------------------------------------------------------------------------
+    def params_per_gpu(self) -> list[int]:
+        """Parameters held by the rank on each actor GPU (its TP shard of its pipeline stage)."""
+        lay = self.layout
+        return [self.model.params_per_rank(lay.tp, lay.pp, lay.coords(r)[3]) for r in range(lay.world)]
+
+    def state_bytes_per_gpu(self) -> dict[str, list[int]]:
+        """Bytes per tag on each actor GPU when awake and idle: params, grads, optimizer."""
+        shard = self.layout.dp * self.layout.cp if self.distributed_optimizer else 1
+        params = self.params_per_gpu()
+        return {
+            "params": [p * PARAM_BYTES for p in params],
+            "grads": [p * grad_bytes(self.hw) for p in params],
+            "optimizer": [math.ceil(p / shard) * OPTIMIZER_BYTES for p in params],
+        }
+
+    def memory_plan(self, microbatch_tokens: int, lengths: Sequence[int] | None = None) -> dict[str, int]:
+        """Peak bytes per tag on the busiest actor GPU while training a micro-batch of `microbatch_tokens`
+        tokens (context, params, grads, optimizer, activations with the in-flight PP micro-batches);
+        `lengths` are its sequences (None: one sequence), which matter with unfused attention."""
+        state = self.state_bytes_per_gpu()
+        plan = {TAG_CONTEXT: self.hw.cuda_context_bytes}
+        plan.update({tag: max(sizes) for tag, sizes in state.items()})
+        # The optimizer step's temporaries come after the activations are freed: the larger of the two.
+        plan["activations"] = max(self.activation_bytes(microbatch_tokens, lengths) * self.layout.pp,  # ≤ PP in flight
+                                  max(self.optimizer_transient_per_gpu(), default=0))
+        plan["total"] = sum(plan.values())
+        return plan
+
+    def optimizer_transient_per_gpu(self) -> list[int]:
+        """Bytes the optimizer step allocates on each actor GPU on top of the state (its shard's)."""
+        shard = self.layout.dp * self.layout.cp if self.distributed_optimizer else 1
+        per = optimizer_transient_bytes(self.hw)
+        return [math.ceil(p / shard) * per for p in self.params_per_gpu()]
+
+    def activation_bytes(self, tokens: int, lengths: Sequence[int] | None = None) -> int:
+        """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches
+        included); with unfused attention also the s² scores of its sequences `lengths` (None: one
+        sequence), with unfused elementwise kernels the RoPE tables."""
+        lay = self.layout
+        per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
+                                                          sequence_parallel=lay.tp > 1, **software_terms(self.hw))
+        seqs = [tokens] if lengths is None else lengths
+        extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
+                 + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
+        return int((per_token * tokens + extra) / lay.cp)
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of one checkpoint: the bf16 model once plus the Adam state once (not per replica)."""
+        lay = self.layout
+        state = self.state_bytes_per_gpu()
+        replicas = lay.dp * lay.cp
+        opt_copies = 1 if self.distributed_optimizer else replicas
+        return sum(state["params"]) // replicas + sum(state["optimizer"]) // opt_copies
+
+    def export_bytes(self) -> int:
+        """Total bytes `export_weights` yields (the bf16 model)."""
+        return self.model.num_params() * self.model.dtype_bytes
+
+    def _buckets(self, bucket_bytes: int) -> list[Bucket]:
+        """HF tensors packed in order into buckets of at most `bucket_bytes` (a larger tensor alone)."""
+        out: list[Bucket] = []
+        names: list[str] = []
+        shapes: list[tuple[int, ...]] = []
+        size = 0
+        for name, shape in self.model.hf_weight_shapes():
+            n = math.prod(shape) * self.model.dtype_bytes
+            if names and size + n > bucket_bytes:
+                out.append((names, shapes, size))
+                names, shapes, size = [], [], 0
+            names.append(name)
+            shapes.append(shape)
+            size += n
+        if names:
+            out.append((names, shapes, size))
+        return out
+
+    # --- time ------------------------------------------------------------------------------------
+    def _forward_seconds(self, lengths: Sequence[int]) -> float:
+        """Forward of one micro-batch on its model-parallel group (the time of one stage × PP stages)."""
+        return self._compute_and_comm(lengths)[0]
+
+    def _compute_and_comm(self, lengths: Sequence[int]) -> tuple[float, float]:
+        """(forward, backward) of one micro-batch, each with the forward's TP collectives."""
+        lay = self.layout
+        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp)
+        tokens = sum(lengths) / lay.cp
+        # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
+        act = tokens * self.model.hidden_size * self.model.dtype_bytes
+        comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
+            act, lay.tp, inter_node=lay.tp_crosses_nodes)
+        return fwd + comm, bwd + 2.0 * comm
+
+    def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
+        fwd, bwd = self._compute_and_comm(lengths)
+        if not backward:
+            return fwd, 0.0
+        if self.recompute == "full":
+            bwd += fwd
+        return fwd, bwd
+
+    def _optimizer_seconds(self) -> float:
+        lay = self.layout
+        params = max(self.params_per_gpu())
+        shard = lay.dp * lay.cp if self.distributed_optimizer else 1
+        grads = params * grad_bytes(self.hw)
+        net = lay.dp_crosses_nodes
+        # Megatron's DDP reduces the grads in buckets of max(40M, 1M·DP) parameters, one call each.
+        buckets = max(1, math.ceil(params / max(40_000_000, 1_000_000 * lay.dp * lay.cp)))
+        if self.distributed_optimizer:
+            reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets)  # reduce-scatter
+            gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp, inter_node=net, calls=buckets)
+        else:
+            reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets), 0.0
+        step = math.ceil(params / shard) * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
+        return reduce + step + gather
+
+    def _backup_seconds(self) -> float:
+        """The weight backup (seed step 41): the largest rank's params device → host."""
+        return max(self.state_bytes_per_gpu()["params"]) / self.hw.d2h_bytes_per_s
+
+    def _ref_swap_seconds(self) -> float:
+        """Swapping the reference weights in (or the actor's back) from host memory over the params."""
+        return max(self.state_bytes_per_gpu()["params"]) / self.hw.h2d_bytes_per_s
+
+    def _bucket_seconds(self, nbytes: int) -> float:
+        """Staging one weight bucket: each rank's shard host → device, then the TP all-gather of full tensors."""
+        lay = self.layout
+        return nbytes / (lay.tp * lay.pp) / self.hw.h2d_bytes_per_s + self.hw.allgather_seconds(nbytes / lay.pp, lay.tp)
+
+    def _checkpoint_seconds(self) -> float:
+        nodes = max(1, int(getattr(self.args, "actor_num_nodes", 1)))
+        return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * nodes)

@@ -1,0 +1,81 @@
+"""The trainer's bytes model: state bytes per parameter and what unfused attention and RoPE keep for the backward.
+
+The measurements that set or checked these are in bench/data/h200_megatron_*.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vime.sim.hardware import HardwareSpec
+    from vime.sim.models import ModelSpec, Recompute
+
+#: GPU tags the trainer holds outside its allocator (never released).
+TAG_CONTEXT = "context"
+TAG_WEIGHT_BUFFER = "weight_buffer"
+#: Host tag of the CPU weight backup (seed step 41).
+TAG_WEIGHT_BACKUP = "weight_backup"
+#: Bytes per parameter of the state that lives on each rank.
+PARAM_BYTES = 2  # bf16 model weights
+GRAD_BYTES = 4  # fp32 main grads (Megatron accumulates bf16 runs in fp32)
+OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v
+#: Bytes per parameter (of the optimizer's shard) alive during a torch AdamW step under Megatron's
+#: mixed-precision optimizer with 2-byte model grads: the fp32 copies of the grads it steps on and
+#: one fp32 foreach temporary (8.00–8.01 measured on the H200, issue 12). A fused Adam steps in
+#: place on fp32 main grads: 0.
+TORCH_ADAMW_TRANSIENT_BYTES = 8
+#: Unfused core attention keeps for the backward, per score element, the fp32 softmax output (4)
+#: and the bf16 probs the bmm saves (2).
+UNFUSED_SCORE_KEPT_BYTES = 6
+
+
+def optimizer_transient_bytes(hw: HardwareSpec) -> int:
+    """Bytes per parameter the optimizer step allocates on top of the state (the profile's optimizer)."""
+    return TORCH_ADAMW_TRANSIENT_BYTES if hw.software.train_optimizer == "torch" else 0
+
+
+def grad_bytes(hw: HardwareSpec) -> int:
+    """Main-grad bytes per parameter of the profile's training stack (fp32 by default, bf16 when so described)."""
+    return int(hw.software.train_grad_bytes)
+
+
+def software_terms(hw: HardwareSpec) -> dict[str, str]:
+    """The profile's training software as `ModelSpec.activation_bytes_per_token` keywords."""
+    sw = hw.software
+    return {"attention": sw.train_attention, "norm": sw.train_norm, "elementwise": sw.train_elementwise}
+
+
+def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: int = 1, pp: int = 1,
+                recompute: Recompute = "none") -> float:
+    """What unfused attention keeps for the backward on one rank beyond `ModelSpec.activation_bytes_per_token`
+    (0 with flash attention): UNFUSED_SCORE_KEPT_BYTES per score element, per token and layer
+    the RoPE'd query and the K and V expanded to every query head for the baddbmm / bmm
+    (3 · b · heads/TP · head_dim; GQA's repeat_interleave), and per layer the boolean causal mask
+    of the micro-batch's longest sequence (s² bytes, shared by its sequences). Selective recompute
+    drops the core attention (scores, expansions, mask) but keeps its query input; full recompute
+    keeps one layer's.
+    """
+    if hw.software.train_attention != "unfused":
+        return 0.0
+    layers = model.layers_per_stage(pp)
+    per_token = model.dtype_bytes * (model.num_attention_heads // tp) * model.head_dim
+    tokens = sum(lengths)
+    if recompute == "selective":
+        return float(layers * per_token * tokens)
+    mask = float(max(lengths, default=0)) ** 2
+    kept = (model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES
+            + layers * (3 * per_token * tokens + mask))
+    return kept / layers if recompute == "full" else kept
+
+
+def rope_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], pp: int = 1,
+               recompute: Recompute = "none") -> float:
+    """Unfused RoPE's tables on one rank (0 when fused): every layer keeps cos and sin for q and for
+    k, four bf16 [s, head_dim] tensors over the micro-batch's longest sequence, shared by its
+    sequences."""
+    if hw.software.train_elementwise != "unfused":
+        return 0.0
+    per_layer = 4.0 * model.dtype_bytes * model.head_dim * max(lengths, default=0)
+    return per_layer if recompute == "full" else per_layer * model.layers_per_stage(pp)
