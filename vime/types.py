@@ -168,6 +168,7 @@ class RankBatch:
     sample_indices: list[int]
     micro_batch_indices: list[list[int]]  # positions into this rank's rows
     num_microbatches: list[int]
+    recompute_log_probs: bool = False  # TrainBatch.recompute_log_probs (seed step 38)
 
     def micro_batches(self, step: int | None = None) -> list[list[int]]:
         """Micro-batches (positions into this rank's rows) of one step, or all of them."""
@@ -200,8 +201,14 @@ class TrainBatch:
     rollout_log_probs: list[list[float]] | None = None
     weight_versions: list[list[str]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: seed step 38, decided once by whoever builds the batch: the trainer runs a separate old-log-prob
+    #: forward (True) or reuses its training forward (False); None for a hand-built batch: the
+    #: schedule decides (more than one optimizer step per rollout needs it)
+    recompute_log_probs: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.recompute_log_probs is None:
+            self.recompute_log_probs = len(self.schedule.num_microbatches) != 1
         n = len(self.tokens)
         columns: dict[str, Sequence[Any]] = {"response_lengths": self.response_lengths, "loss_masks": self.loss_masks,
                    "raw_rewards": self.raw_rewards, "rewards": self.rewards,
@@ -258,4 +265,5 @@ class TrainBatch:
             sample_indices=pick(self.sample_indices),
             micro_batch_indices=self.schedule.micro_batch_indices[rank],
             num_microbatches=list(self.schedule.num_microbatches),
+            recompute_log_probs=bool(self.recompute_log_probs),
         )

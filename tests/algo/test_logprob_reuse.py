@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from vime.algo.logprob_reuse import (
@@ -9,7 +11,13 @@ from vime.algo.logprob_reuse import (
     log_prob_reuse_blockers,
     needs_log_prob_recompute,
 )
-from vime.config import parse_args
+from vime.config import defaults, parse_args
+
+
+def _namespace(**changes: object) -> SimpleNamespace:
+    """The options as a plain namespace: some blockers are flags the parser now refuses (not trained yet),
+    and the decision must still be right for any object with these names."""
+    return SimpleNamespace(**{**defaults("train").to_dict(), **changes})
 
 
 def test_seed_reuses_and_skips_recompute() -> None:
@@ -26,24 +34,24 @@ def test_four_steps_cannot_reuse_and_recomputes() -> None:
     assert "4 optimizer steps" in log_prob_reuse_blockers(args, [2, 2, 2, 2])[0]
 
 
-@pytest.mark.parametrize("argv", [
-    ["--loss-type", "sft_loss"],
-    ["--kl-coef", "0.01"],
-    ["--use-rollout-logprobs"],
-    ["--get-mismatch-metrics"],
-    ["--use-critic"],
-    ["--use-opd"],
-    ["--use-routing-replay"],
-    ["--advantage-estimator", "gspo"],
+@pytest.mark.parametrize("changes", [
+    {"loss_type": "sft_loss"},
+    {"kl_coef": 0.01, "advantage_estimator": "reinforce_plus_plus_baseline"},
+    {"use_rollout_logprobs": True},
+    {"get_mismatch_metrics": True},
+    {"use_critic": True},
+    {"use_opd": True},
+    {"use_routing_replay": True},
+    {"advantage_estimator": "gspo"},
 ])
-def test_each_condition_blocks_reuse(argv: list[str]) -> None:
-    args = parse_args(argv, command="train")
+def test_each_condition_blocks_reuse(changes: dict[str, object]) -> None:
+    args = _namespace(**changes)
     assert can_reuse_log_probs_in_loss(args, [8]) is False
     assert len(log_prob_reuse_blockers(args, [8])) == 1
 
 
 def test_rollout_routing_replay_keeps_reuse() -> None:
-    args = parse_args(["--use-routing-replay", "--use-rollout-routing-replay"], command="train")
+    args = _namespace(use_routing_replay=True, use_rollout_routing_replay=True)
     assert can_reuse_log_probs_in_loss(args, [8]) is True
 
 
@@ -52,3 +60,22 @@ def test_rollout_logprobs_skip_recompute_unless_mismatch_metrics() -> None:
     assert needs_log_prob_recompute(args, [8]) is False  # engine log-probs are the old ones
     both = parse_args(["--use-rollout-logprobs", "--get-mismatch-metrics"], command="train")
     assert needs_log_prob_recompute(both, [8]) is True
+
+
+def test_the_batch_builder_decides_once_and_the_batch_carries_it() -> None:
+    from vime.rollout.batch_builder import BatchBuilder
+    from vime.types import Sample
+
+    def samples() -> list[Sample]:
+        out = []
+        for i in range(16):
+            s = Sample(index=i, group_index=i // 8, tokens=[1, 2, 3, 4], response_length=2, reward=float(i % 2))
+            out.append(s)
+        return out
+
+    one = BatchBuilder(parse_args(["--rollout-batch-size", "2", "--micro-batch-size", "2"], command="train"))
+    assert one.build(0, samples()).recompute_log_probs is False
+    four = BatchBuilder(parse_args(["--rollout-batch-size", "2", "--micro-batch-size", "2",
+                                    "--num-steps-per-rollout", "2"], command="train"))
+    batch = four.build(0, samples())
+    assert batch.recompute_log_probs is True and all(batch.for_rank(r).recompute_log_probs for r in range(batch.dp_size))

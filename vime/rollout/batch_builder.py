@@ -14,6 +14,7 @@ from typing import Any
 
 from vime.algo.advantages import normalize_group_rewards
 from vime.algo.dp_schedule import build_dp_schedule
+from vime.algo.logprob_reuse import needs_log_prob_recompute
 from vime.errors import ConfigError
 from vime.types import Sample, TrainBatch
 
@@ -74,7 +75,8 @@ class BatchBuilder:
         return TrainBatch(rollout_id=rollout_id, tokens=tokens, response_lengths=response_lengths,
                           loss_masks=loss_masks, raw_rewards=raw_rewards, rewards=rewards, total_lengths=totals,
                           sample_indices=indices, group_indices=groups, schedule=schedule,
-                          rollout_log_probs=log_probs, weight_versions=versions)
+                          rollout_log_probs=log_probs, weight_versions=versions,
+                          recompute_log_probs=needs_log_prob_recompute(args, schedule.num_microbatches))
 
     def _reward(self, s: Sample) -> float:
         r = s.reward

@@ -249,9 +249,7 @@ class MegatronActor:
         t0 = time.perf_counter()
         with compat.device_mode():
             num_mb = list(batch.num_microbatches)
-            from vime.algo.logprob_reuse import needs_log_prob_recompute
-
-            recompute = needs_log_prob_recompute(self.cfg, num_mb)  # seed step 38
+            recompute = bool(batch.recompute_log_probs)  # seed step 38, decided by the batch builder
             old = self._log_probs(batch, batch.micro_batch_indices) if recompute else None
             rollout = None
             if batch.rollout_log_probs is not None:

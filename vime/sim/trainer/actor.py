@@ -130,8 +130,7 @@ class SimTrainer(ActorCostModel):
         """Seed step 38: the separate old-log-prob forward runs unless the loss may reuse the training forward."""
         if self.reuse_log_probs is not None:
             return not self.reuse_log_probs
-        from vime.algo.logprob_reuse import needs_log_prob_recompute
-        return needs_log_prob_recompute(self.args, batch.num_microbatches)
+        return bool(batch.recompute_log_probs)  # decided once, by the batch builder
 
     async def _run_microbatches(self, batch: TrainBatch, step: int | None, *, backward: bool,
                                 label: str) -> None:
