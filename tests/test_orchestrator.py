@@ -247,10 +247,10 @@ def test_an_engine_failing_mid_rollout_is_restarted_and_the_run_recovers():
 
 
 class NoRestart(Recording):
-    def __getattr__(self, name: str) -> Any:
-        if name == "restart":
-            raise AttributeError(name)
-        return super().__getattr__(name)
+    """An engine whose server cannot be brought back (a real client without a launcher, say)."""
+
+    async def restart(self) -> None:
+        raise EngineError(self._target.name, "restart", "no way to relaunch this engine's server")
 
 
 def test_a_dead_engine_that_cannot_restart_stops_a_colocated_run_precisely():

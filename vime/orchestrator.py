@@ -369,9 +369,8 @@ class Orchestrator:
     async def _check_engines(self, rollout_id: int) -> tuple[list[str], list[str]]:
         """After a rollout, before the engines give their memory away: find dead engines and deal with them.
 
-        A dead engine that can be restarted (an optional ``restart()`` beyond the protocol; the
-        simulator has one) is restarted and rejoins: it sleeps with the others and gets the next
-        weights. Otherwise, with engines and trainer colocated, its memory cannot be released for
+        A dead engine is restarted (the protocol's ``restart()``) and rejoins: it sleeps with the others
+        and gets the next weights. If it cannot be restarted, with engines and trainer colocated, its memory cannot be released for
         training, so the run stops here with an EngineError naming it; without colocation it is
         left out of every later control call. Returns (lost, restarted) engine names.
         """
@@ -381,17 +380,20 @@ class Orchestrator:
         restarted: list[str] = []
         for engine in dead:
             t0 = self.now()
-            restart = getattr(engine, "restart", None)
-            if restart is not None:
-                await restart()
+            try:
+                await engine.restart()
+            except EngineError as exc:
+                cause = exc
+            else:
                 restarted.append(engine.name)
                 self._note("restart_engine", t0)
-            elif self.args.offload_rollout:
+                continue
+            if self.args.offload_rollout:
                 raise EngineError(engine.name, "health",
                                   f"the engine died during rollout {rollout_id}; every sample was completed on the "
                                   f"other engines, but with colocated training its GPU memory cannot be released "
-                                  f"and this backend cannot restart it — restart the run from the last checkpoint "
-                                  f"(--load)")
+                                  f"and it could not be restarted ({cause}) — restart the run from the last "
+                                  f"checkpoint (--load)") from cause
         if dead:
             self.lost_engines.extend(lost)
             gone = {e.name for e in dead} - set(restarted)

@@ -430,6 +430,12 @@ class RolloutEngine(Protocol):
 
     async def health(self) -> bool: ...
 
+    async def restart(self) -> None:
+        """Bring a dead engine back: a fresh server, awake, holding its initial weights, with no weight
+        version until the next publication (the orchestrator then treats it like the others). Raises
+        EngineError when this engine cannot be restarted (then the caller decides whether the run goes on)."""
+        ...
+
 
 @runtime_checkable
 class Router(Protocol):

@@ -83,7 +83,8 @@ def test_vime_train_real_on_cpu_learns_the_toy_task(tmp_path: Path) -> None:
             "--rollout-max-prompt-len", "16", "--rollout-max-response-len", "16",
             "--rollout-max-context-len", "64", "--max-num-seqs", "64", "--max-num-batched-tokens", "2048",
             "--vllm-server-concurrency", "64", "--num-rollout", str(NUM_ROLLOUT), "--lr", LR,
-            "--seed", str(SEED)]
+            "--seed", str(SEED), "--trace-out", str(tmp_path / "trace.json"), "--report", str(tmp_path / "run.html"),
+            "--use-tensorboard", "--tensorboard-dir", str(tmp_path / "tb")]
     # A server that is not healthy in 6 minutes fails the run with its log, well before the test timeout.
     env = dict(os.environ, VIME_UPDATE_WEIGHT_DIR=str(weights), VIME_LOG_DIR=str(logs), PYTHONUNBUFFERED="1",
                VIME_VLLM_START_TIMEOUT=os.environ.get("VIME_VLLM_START_TIMEOUT", "360"))
@@ -119,6 +120,19 @@ def test_vime_train_real_on_cpu_learns_the_toy_task(tmp_path: Path) -> None:
         assert sum(s["phases"].values()) + s["t_gap"] == pytest.approx(s["t_step"], rel=1e-6, abs=1e-6)
         assert s["metrics"]["rollout/kept_samples"] == 32
     assert 0 < sum(s["t_step"] for s in steps) < wall
+    # The real run's trace, report and TensorBoard file (the recorder real runs feed).
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    phase_events = {e["name"] for e in trace if e.get("ph") == "B"}
+    assert {"rollout", "train", "weight_sync"} <= phase_events, sorted(phase_events)
+    assert any(e.get("ph") == "C" for e in trace), "no memory counter samples in the trace"
+    html = (tmp_path / "run.html").read_text()
+    assert "vime train (measured)" in html and "Where a step's time goes" in html
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("perf/step_time")] == list(range(NUM_ROLLOUT))
+    assert [round(e.value, 4) for e in acc.Scalars("perf/step_time")] == [round(s["t_step"], 4) for s in steps]
     # What disk mode left behind: the last two versions, complete checkpoints with trained weights.
     assert sorted(p.name for p in weights.iterdir()) == [f"v{NUM_ROLLOUT}", f"v{NUM_ROLLOUT + 1}"]
     last = weights / f"v{NUM_ROLLOUT + 1}"

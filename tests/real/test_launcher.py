@@ -265,3 +265,38 @@ def test_servers_with_dev_mode_routes_listen_on_loopback_only():
     assert ServerSpec(model="m", port=1).url == "http://127.0.0.1:1"
     with pytest.raises(ConfigError, match="loopback"):
         ServerSpec(model="m", port=1, host="0.0.0.0")
+
+
+def test_a_dead_server_is_restarted_with_the_same_command_and_log(tmp_path):
+    with Launcher(tmp_path / "logs") as launcher:
+        proc, _ = start_fake(launcher, tmp_path, "ok")
+        proc.wait_healthy(30)
+        first = proc.pid
+        os.killpg(first, signal.SIGKILL)  # the server dies (its whole group, as a crash would take it)
+        proc.proc.wait(10)
+        assert not proc.running()
+        took = launcher.restart("fake-ok", timeout_s=30)
+        assert took > 0 and proc.running() and proc.pid != first
+        assert (tmp_path / "logs" / "fake-ok.log").read_text().count("listening") == 2
+        with pytest.raises(EngineError, match="no process named"):
+            launcher.restart("nobody")
+    assert not proc.running()
+
+
+def test_a_vllm_client_restarts_through_its_relauncher_and_starts_over():
+    import asyncio
+
+    from vime.real.vllm.client import VLLMEngine
+
+    calls = []
+
+    async def relaunch() -> None:
+        calls.append("relaunch")
+
+    eng = VLLMEngine("e0", "http://127.0.0.1:1", relaunch=relaunch)
+    eng.lifecycle.on_start_update()
+    eng.lifecycle.on_finish_update(3)
+    asyncio.run(eng.restart())
+    assert calls == ["relaunch"] and eng.lifecycle.weight_version is None
+    with pytest.raises(EngineError, match="relaunch"):
+        asyncio.run(VLLMEngine("e1", "http://127.0.0.1:1").restart())

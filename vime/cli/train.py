@@ -97,11 +97,39 @@ def run_train(args: Any) -> int:
             sim = simulate(args, progress=None, on_startup=printer.startup, on_step=on_step)
             if sim.oom is not None:
                 raise sim.oom
+            if args.trace_out or args.report:
+                from vime.runs.document import build_document
+
+                _write_outputs(args, build_document(sim), sim.backends.recorder)
             return 0
         from vime.runs.real import run_real
 
         printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
-        run_real(args, on_startup=printer.startup, on_step=on_step)
+        if not (args.trace_out or args.report):
+            run_real(args, on_startup=printer.startup, on_step=on_step)
+            return 0
+        from vime.real.telemetry import MemorySampler, MonotonicClock
+        from vime.report.recorder import Recorder
+        from vime.runs.document import run_document
+
+        recorder = Recorder(MonotonicClock())
+        with MemorySampler(recorder) as sampler:
+            report = run_real(args, on_startup=printer.startup, on_step=on_step, observers=[recorder])
+        _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder)
         return 0
     finally:
         trackers.close()
+
+
+def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any) -> None:
+    """--trace-out and --report of a finished run (written atomically)."""
+    from vime.outputs import write_atomic
+
+    if args.trace_out:
+        from vime.report.trace import recorder_trace
+
+        write_atomic(args.trace_out, json.dumps(recorder_trace(recorder), separators=(",", ":")))
+    if args.report:
+        from vime.report.html import render_html
+
+        write_atomic(args.report, render_html(doc, recorder))

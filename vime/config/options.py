@@ -247,10 +247,9 @@ class OutputConfig:
     title: ClassVar[str] = "output"
     json: bool = opt(False, "print machine-readable JSON")
     dry_run: bool = opt(False, "print the resolved configuration and exit")
-    trace_out: str | None = opt(None, "write a Chrome/Perfetto trace of the simulation (JSON)",
-                                metavar="FILE", commands=("simulate",))
-    report: str | None = opt(None, "write a self-contained HTML report of the simulation",
-                             metavar="FILE", commands=("simulate",))
+    trace_out: str | None = opt(None, "write a Chrome/Perfetto trace of the run: phases, calls, memory (JSON)",
+                                metavar="FILE")
+    report: str | None = opt(None, "write a self-contained HTML report of the run", metavar="FILE")
     sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
                                      "(repeatable: the cross product is simulated)",
                                  metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")

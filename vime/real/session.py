@@ -177,10 +177,16 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                 timings["trainer"] = time.monotonic() - t
                 return tr
 
+            def relauncher(name: str) -> Any:
+                async def relaunch() -> None:
+                    await asyncio.to_thread(launcher.restart, name, timeout_s=start_timeout)
+                return relaunch
+
             def clients() -> list[Any]:
                 return [VLLMEngine(f"engine{i}", s.url, model=s.name_for_requests,
                                    max_concurrency=int(args.vllm_server_concurrency),
-                                   session_header=policy == "consistent_hash", detokenize=with_tokenizer)
+                                   session_header=policy == "consistent_hash", detokenize=with_tokenizer,
+                                   relaunch=relauncher(f"engine{i}"))
                         for i, s in enumerate(specs)]
 
             _log(f"starting {len(specs)} vLLM engine(s) on {device} and {args.actor_num_gpus} Megatron rank(s); "

@@ -153,7 +153,10 @@ def render_html(doc: dict[str, Any], recorder: Recorder) -> str:
                         f'{_esc(o["tag"])} short by {o["short_by_gib"]:.2f} GiB (t = {o["time_s"]:.3f} s)</p>'
                         f"<ul>{fixes}</ul>")
     cfg = doc.get("config", {})
-    title = f'vime simulate — {cfg.get("model", "")} on {cfg.get("hardware", "")}'
+    if str(doc.get("schema", "")).startswith("vime.train"):
+        title = f'vime train (measured) — {cfg.get("hf_checkpoint", "")} on this machine'
+    else:
+        title = f'vime simulate — {cfg.get("model", "")} on {cfg.get("hardware", "")}'
     rollout_rows = [[k, v] for k, v in doc.get("rollout", {}).items()]
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>

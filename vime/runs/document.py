@@ -135,3 +135,31 @@ def build_document(sim: Simulation, *, deterministic: bool = False) -> dict[str,
     if not deterministic:
         doc["wall_s"] = _r(sim.wall_s, 3)
     return doc
+
+
+def run_document(args: Any, report: Any, recorder: Any, capacity: dict[int, int], *, backend: str) -> dict[str, Any]:
+    """A measured run's document in the simulator's shape (`vime train --report`): the same summary,
+    steps and memory sections, from the run's reports and the memory its recorder sampled."""
+    steps = list(report.steps)
+    gpus = []
+    for gpu, peak in sorted(recorder.gpu_peaks.items()):
+        cap = int(capacity.get(gpu, peak.bytes))
+        gpus.append({"gpu": gpu, "capacity_gib": _r(cap / GiB, 3), "peak_gib": _r(peak.bytes / GiB, 3),
+                     "headroom_gib": _r((cap - peak.bytes) / GiB, 3), "peak_phase": peak.phase,
+                     "peak_rollout_id": peak.rollout_id,
+                     "by_owner_tag_gib": {f"{o}/{t}": _r(b / GiB, 3) for o, t, b in peak.breakdown if b > 0},
+                     "tag_peaks_gib": {}})
+    tokens = sum(s.rollout.get("response_tokens", 0) for s in steps)
+    t_rollout = sum(s.t_rollout for s in steps)
+    return {
+        "schema": "vime.train/1", "vime_version": __version__, "backend": backend, "config": args.to_dict(),
+        "startup": report.startup.to_dict() if report.startup else None,
+        "steps": [{"rollout_id": s.rollout_id, "phases": {k: _r(v, 6) for k, v in s.phases().items()},
+                   "t_gap": _r(s.t_gap, 6), "t_step": _r(s.t_step, 6),
+                   "metrics": {k: _r(v, 6) for k, v in sorted(s.metrics().items())}} for s in steps],
+        "summary": _summary(steps),
+        "rollout": {"tokens_generated": int(round(tokens / max(1, len(steps)))),
+                    "tokens_per_s": _r(tokens / t_rollout if t_rollout else 0.0, 2)},
+        "memory": {"gpus": gpus, "host_pinned_peak_gib": 0.0},
+        "verdict": {"fits": True, "oom": None, "fixes": []},
+    }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime.errors import ConfigError
@@ -13,7 +13,7 @@ from vime.rollout.rm_hub import RewardHub
 
 
 def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = None,
-             on_step: Callable[[StepReport], None] | None = None) -> RunReport:
+             on_step: Callable[[StepReport], None] | None = None, observers: Sequence[Any] = ()) -> RunReport:
     """Launch the real backends (`vime.real.session`), run start-up and every step on a real event loop."""
     try:
         from vime.real.session import real_session
@@ -30,7 +30,7 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
                               reward=reward)
             orch = Orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,
                                 data_source=session.data_source, rollout=rollout,
-                                eval_sources=session.eval_sources, observers=list(session.observers))
+                                eval_sources=session.eval_sources, observers=[*session.observers, *observers])
             return await orch.run(on_startup=on_startup, on_step=on_step)
 
     return asyncio.run(main())

@@ -86,9 +86,13 @@ class VLLMEngine:
                  max_concurrency: int = 1024, session_header: bool = False,
                  flush_retries: int = 60, flush_interval_s: float = 1.0,
                  keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, detokenize: bool = True) -> None:
-        self.http = EngineHTTP(name, base_url, transport=transport, timeout=timeout,
-                               max_concurrency=max_concurrency, keepalive_expiry_s=keepalive_expiry_s)
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, detokenize: bool = True,
+                 relaunch: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._http_args = dict(transport=transport, timeout=timeout, max_concurrency=max_concurrency,
+                               keepalive_expiry_s=keepalive_expiry_s)
+        self.http = EngineHTTP(name, base_url, **self._http_args)  # type: ignore[arg-type]
+        #: starts this engine's server again (the session's launcher); None: this client cannot restart it
+        self.relaunch = relaunch
         self.name = name
         self.base_url = self.http.base_url
         self.model = model
@@ -112,6 +116,17 @@ class VLLMEngine:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+    async def restart(self) -> None:
+        """Relaunch a dead server (same command, GPUs and log), wait until healthy, and start over with
+        fresh connections and a fresh lifecycle: awake, no weight version until the next publication."""
+        if self.relaunch is None:
+            raise EngineError(self.name, "restart", "this client was not given a way to relaunch its server")
+        await self.http.aclose()
+        await self.relaunch()
+        self.http = EngineHTTP(self.name, self.base_url, **self._http_args)  # type: ignore[arg-type]
+        self.lifecycle = EngineLifecycle(self.name)
+        self.last_response_version = None
 
     async def __aenter__(self) -> VLLMEngine:
         return self

@@ -299,6 +299,13 @@ class ManagedProcess:
                                       f"{self.health_url}; last log lines of {self.log_path}:\n{self.log_tail()}")
                 time.sleep(poll_s)
 
+    def restart(self, timeout_s: float) -> float:
+        """Stop what is left of the process (its whole group), start it again with the same command,
+        environment and log, and wait until it is healthy; returns the seconds it took to get healthy."""
+        self.stop(grace_s=5.0)
+        self.start()
+        return self.wait_healthy(timeout_s)
+
     def stop(self, grace_s: float = 15.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after `grace_s`; returns the exit code."""
         if self.proc is None:
@@ -378,6 +385,14 @@ class Launcher:
                 p.stop()
             raise
         return procs
+
+    def restart(self, name: str, *, timeout_s: float = 600.0) -> float:
+        """Restart the process started as `name` (see `ManagedProcess.restart`)."""
+        with self._lock:
+            found = [p for p in self.processes if p.name == name]
+        if not found:
+            raise EngineError(name, "restart", f"no process named {name!r} was started by this launcher")
+        return found[-1].restart(timeout_s)
 
     def stop_all(self) -> None:
         with self._lock:
