@@ -142,7 +142,7 @@ def test_two_gpus_tp2_matches_hf_and_dp2_ranks_stay_identical(actor):
     print("two-GPU figures", {"tp2_losses": tp2[0]["losses"], "dp2_losses": dp2[0]["losses"]})
 
 
-def _sleep_first_main(backend: str, hf_dir: str, port: int, queue) -> None:
+def _sleep_first_main(backend: str, dist_opt: bool, hf_dir: str, port: int, queue) -> None:
     """The real run's order on one rank (spawned): set up, sleep before any training (seed step 3),
     wake, train one rollout; results to `queue`."""
     import math
@@ -150,7 +150,8 @@ def _sleep_first_main(backend: str, hf_dir: str, port: int, queue) -> None:
     from vime.real.megatron import model as mmodel
     from vime.real.megatron.actor import ActorConfig, MegatronActor
 
-    cfg = ActorConfig(hf_config=mmodel.load_hf_config(hf_dir), hf_checkpoint=hf_dir, lr=2e-3, offload_backend=backend)
+    cfg = ActorConfig(hf_config=mmodel.load_hf_config(hf_dir), hf_checkpoint=hf_dir, lr=2e-3, offload_backend=backend,
+                      use_distributed_optimizer=dist_opt)
     a = MegatronActor(cfg, 0, 1)
     a.setup("127.0.0.1", port)
     rows = eval_rows()
@@ -163,8 +164,9 @@ def _sleep_first_main(backend: str, hf_dir: str, port: int, queue) -> None:
                "uniform": math.log(a.spec.vocab_size)})
 
 
+@pytest.mark.parametrize("dist_opt", [True, False], ids=["distributed-optimizer", "plain-optimizer"])
 @pytest.mark.parametrize("backend", ["cumem", "torch_memory_saver"])
-def test_sleep_before_training_keeps_a_full_vocabulary_model(tmp_path, backend):
+def test_sleep_before_training_keeps_a_full_vocabulary_model(tmp_path, backend, dist_opt):
     """The H200 run of issue 20 (sleep first, 151 936-token tied vocabulary) trained with zero gradients
     and a uniform policy: here the same order on a small body with the real vocabulary, per backend."""
     import torch.multiprocessing as mp
@@ -188,7 +190,7 @@ def test_sleep_before_training_keeps_a_full_vocabulary_model(tmp_path, backend):
     del hf
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_sleep_first_main, args=(backend, str(tmp_path), free_port(), queue))
+    proc = ctx.Process(target=_sleep_first_main, args=(backend, dist_opt, str(tmp_path), free_port(), queue))
     proc.start()
     out = queue.get(timeout=240)
     proc.join(timeout=60)

@@ -77,7 +77,11 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False,
         use_distributed_optimizer=cfg.use_distributed_optimizer)
-    with offload.region("grads"):
+    # With the distributed optimizer, DDP moves every parameter into a contiguous buffer it allocates
+    # beside the gradient buffer: both must then survive a sleep, or the weights come back as zeros
+    # (what the first H200 run trained on, bench/data/h200_notes.md). Without it only grads are new.
+    ddp_tag = "params" if cfg.use_distributed_optimizer else "grads"
+    with offload.region(ddp_tag):
         model = DistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
     # Without this hook the schedule never reduces gradients across DP ranks, and each rank
     # silently trains on its own partition only (tested in tests/real/megatron).
