@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.megatron,
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 
-def _tags_of_build(distributed_optimizer: bool, queue: Any) -> None:
+def _tags_of_build(distributed_optimizer: bool, dtype: str, queue: Any) -> None:
     """In a fresh process: build the trainer the way the actor does, with a recording offload."""
     import torch
     import torch.distributed as dist
@@ -72,7 +72,7 @@ def _tags_of_build(distributed_optimizer: bool, queue: Any) -> None:
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "head_dim": 16, "max_position_embeddings": 64, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
     spec = mmodel.spec_from_hf_config(hf)
-    cfg = ActorConfig(hf_config=hf, use_distributed_optimizer=distributed_optimizer, dtype="bfloat16")
+    cfg = ActorConfig(hf_config=hf, use_distributed_optimizer=distributed_optimizer, dtype=dtype)
     with compat.device_mode():
         ps.initialize_model_parallel(tensor_model_parallel_size=1)
         built = build_model(spec, cfg, tp=1, cpu=True, offload=RecordingOffload())
@@ -80,31 +80,37 @@ def _tags_of_build(distributed_optimizer: bool, queue: Any) -> None:
         def tag(t: torch.Tensor) -> str:
             return owner.get(t.untyped_storage().data_ptr(), "untagged")
 
-        out: dict[str, list[str]] = {"params": [], "main_grad": [], "optimizer": []}
+        out: dict[str, list[str]] = {"params": [], "main_grad": [], "main_params": [], "optimizer": []}
         for _, p in built.model.module.named_parameters():
             out["params"].append(tag(p))
             out["main_grad"].append(tag(p.main_grad))
         for inner in inner_optimizers(built.optimizer):
             for group in inner.param_groups:
                 for p in group["params"]:
-                    out["optimizer"].append(tag(p))
+                    out["main_params"].append(tag(p))
                     out["optimizer"] += [tag(v) for v in inner.state.get(p, {}).values()
                                          if torch.is_tensor(v) and v.dim() > 0]
     queue.put({k: sorted(set(v)) for k, v in out.items()})
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("distributed_optimizer", [False, True])
-def test_every_parameter_lives_in_a_tag_that_a_sleep_keeps(distributed_optimizer: bool) -> None:
+@pytest.mark.parametrize(("distributed_optimizer", "dtype"),
+                         [(False, "bfloat16"), (True, "bfloat16"), (True, "float32")])
+def test_every_parameter_lives_in_a_tag_that_a_sleep_keeps(distributed_optimizer: bool, dtype: str) -> None:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_tags_of_build, args=(distributed_optimizer, queue))
+    proc = ctx.Process(target=_tags_of_build, args=(distributed_optimizer, dtype, queue))
     proc.start()
     tags = queue.get(timeout=240)
     proc.join(timeout=60)
     assert proc.exitcode == 0
     assert tags["params"] == ["params"], tags  # never "grads": those come back as garbage
-    assert tags["optimizer"] == ["optimizer"], tags
-    assert tags["main_grad"] == (["params"] if distributed_optimizer else ["grads"]), tags
+    assert tags["optimizer"] == ["optimizer"], tags  # Adam's moments
+    # the optimizer's fp32 main parameters; an fp32 model's optimizer steps the parameters themselves
+    assert tags["main_params"] == (["params"] if dtype == "float32" else ["optimizer"]), tags
+    # Dropped at sleep (no host copy), except where an fp32 model's parameter and gradient buffers
+    # cannot be told apart: then both are kept.
+    fp32_dist = distributed_optimizer and dtype == "float32"
+    assert tags["main_grad"] == (["params"] if fp32_dist else ["grads"]), tags

@@ -44,6 +44,28 @@ def init_communicators(ps: Any, device: torch.device) -> None:
     torch.cuda.synchronize()
 
 
+class _ParamBufferInParams(torch.overrides.TorchFunctionMode):
+    """While DDP is built in the "grads" region: its parameter buffer goes to "params".
+
+    With the distributed optimizer, DDP moves every parameter into a contiguous buffer it allocates
+    beside the gradient buffer; in "grads" a sleep would discard the weights (what the first H200
+    runs trained on, bench/data/h200_notes.md). The two are told apart by dtype (parameters in the
+    model's dtype, gradients reduced in fp32); an fp32 model keeps both across a sleep.
+    """
+
+    def __init__(self, offload: Any, param_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.offload = offload
+        self.param_dtype = param_dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is torch.zeros and kwargs.get("dtype") == self.param_dtype:
+            with self.offload.region("params"):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 @dataclass
 class Built:
     """What `build_model` made: Megatron's transformer config, the DDP-wrapped model and its optimizer."""
@@ -77,11 +99,7 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False,
         use_distributed_optimizer=cfg.use_distributed_optimizer)
-    # With the distributed optimizer, DDP moves every parameter into a contiguous buffer it allocates
-    # beside the gradient buffer: both must then survive a sleep, or the weights come back as zeros
-    # (what the first H200 run trained on, bench/data/h200_notes.md). Without it only grads are new.
-    ddp_tag = "params" if cfg.use_distributed_optimizer else "grads"
-    with offload.region(ddp_tag):
+    with offload.region("grads"), _ParamBufferInParams(offload, cfg.torch_dtype):
         model = DistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
     # Without this hook the schedule never reduces gradients across DP ranks, and each rank
     # silently trains on its own partition only (tested in tests/real/megatron).
