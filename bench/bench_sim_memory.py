@@ -82,7 +82,7 @@ def _setup(flags: list[str]) -> tuple[object, TrainBatch]:
 
 def _train_once(args: object, batch: TrainBatch) -> float:
     cl = SimCluster.create(simpy.Environment(), H100, args.actor_num_nodes * args.actor_num_gpus_per_node)  # type: ignore[attr-defined]
-    tr = SimTrainer(args, load_model("Qwen3-4B"), cl)
+    tr = SimTrainer(args.cluster, args.parallel, args.algo, load_model("Qwen3-4B"), cl, seed=args.seed)
 
     async def main() -> float:
         await tr.init()

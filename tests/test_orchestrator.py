@@ -16,10 +16,11 @@ import pytest
 from vime.cli.train import format_step
 from vime.config import defaults
 from vime.errors import ConfigError, EngineError
-from vime.orchestrator import PHASES, Orchestrator
+from vime.orchestrator import PHASES
 from vime.protocols import normalize_wake_tags
 from vime.rollout.data_source import DataSource, SyntheticDataset
 from vime.rollout.generate import RolloutError
+from vime.runs.loop import build_orchestrator
 from vime.runs.sim import simulate
 from vime.sim import clock
 
@@ -334,8 +335,8 @@ def test_resume_reads_the_rollout_state(tmp_path: Path):
 
     args = seed_args(num_rollout=8, load=str(tmp_path))
     fresh = DataSource(SyntheticDataset(100, lambda i: 10), n_samples_per_prompt=8)
-    orch = Orchestrator(args, engines=[object()], router=object(), trainer=Trainer(), data_source=fresh,  # type: ignore[list-item]
-                        rollout=object())  # type: ignore[arg-type]
+    orch = build_orchestrator(args, engines=[object()], router=object(), trainer=Trainer(),  # type: ignore[list-item]
+                              data_source=fresh, rollout=object())  # type: ignore[arg-type]
     from vime.orchestrator import StartupReport
 
     report = StartupReport()
@@ -360,8 +361,8 @@ def test_resume_from_a_simulated_checkpoint_continues_like_an_uninterrupted_run(
 def test_eval_interval_without_eval_prompts_is_a_config_error():
     src = DataSource(SyntheticDataset(10, lambda i: 4), n_samples_per_prompt=8)
     with pytest.raises(ConfigError, match="--eval-interval 2 needs evaluation prompts"):
-        Orchestrator(seed_args(eval_interval=2), engines=[object()], router=object(),  # type: ignore[list-item]
-                     trainer=object(), data_source=src, rollout=object())  # type: ignore[arg-type]
+        build_orchestrator(seed_args(eval_interval=2), engines=[object()], router=object(),  # type: ignore[list-item]
+                           trainer=object(), data_source=src, rollout=object())  # type: ignore[arg-type]
 
 
 def _vime(*argv: str, hash_seed: str | None = None) -> subprocess.CompletedProcess[str]:

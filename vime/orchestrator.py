@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vime.checkpoint import checkpoint_path, read_rollout_state, resolve_checkpoint, write_rollout_state
 from vime.errors import ConfigError, EngineError
@@ -38,6 +38,9 @@ from vime.rollout.batch_builder import BatchBuilder
 from vime.rollout.data_source import EvalSet
 from vime.rollout.generate import Rollout, RolloutOutput
 from vime.types import TrainBatch
+
+if TYPE_CHECKING:
+    from vime.config import ClusterConfig, TrainConfig, WeightSyncConfig
 from vime.weight_sync import publish_weights, should_flush_cache
 
 #: The six phases of T_step, in seed order, with the ecosystem's metric names.
@@ -175,16 +178,18 @@ class Orchestrator:
     training) over level 1 (weights offloaded to host) — seed step 34.
     """
 
-    def __init__(self, args: Any, *, engines: Sequence[RolloutEngine], router: Router, trainer: Trainer,
-                 data_source: Any, rollout: Rollout, batch_builder: BatchBuilder | None = None,
-                 observers: Sequence[StepObserver] = (), eval_sources: Mapping[str, EvalSet] | None = None,
-                 engines_receive_weights: bool = True) -> None:
+    def __init__(self, train: TrainConfig, cluster: ClusterConfig, weight_sync: WeightSyncConfig, *,
+                 engines: Sequence[RolloutEngine], router: Router, trainer: Trainer, data_source: Any,
+                 rollout: Rollout, batch_builder: BatchBuilder, observers: Sequence[StepObserver] = (),
+                 eval_sources: Mapping[str, EvalSet] | None = None, engines_receive_weights: bool = True) -> None:
         if not engines:
             raise ConfigError("the orchestrator needs at least one rollout engine")
-        if getattr(args, "eval_interval", None) and not eval_sources:
-            raise ConfigError(f"--eval-interval {args.eval_interval} needs evaluation prompts; give "
+        if train.eval_interval and not eval_sources:
+            raise ConfigError(f"--eval-interval {train.eval_interval} needs evaluation prompts; give "
                               f"--eval-prompt-data NAME PATH (or leave --eval-interval out)")
-        self.args = args
+        self.train_cfg = train  # the loop: rollouts, evaluation, checkpoints
+        self.cluster = cluster  # which side sleeps (offload_train / offload_rollout)
+        self.weight_sync = weight_sync
         self.engines = list(engines)
         self.router = router
         self.trainer = trainer
@@ -193,7 +198,7 @@ class Orchestrator:
         self.observers = list(observers)
         self.engines_receive_weights = engines_receive_weights
         self.rollout = rollout
-        self.batch_builder = batch_builder or BatchBuilder(args)
+        self.batch_builder = batch_builder
         self.weight_version = 0
         self.initial_weight_version = 0
         self.lost_engines: list[str] = []
@@ -231,21 +236,20 @@ class Orchestrator:
         Steps 1–3 (parse args, create engines and trainer) happen before: the backends are built
         by the caller and passed in.
         """
-        args = self.args
-        report = StartupReport(start_rollout_id=args.start_rollout_id)
+        report = StartupReport(start_rollout_id=self.train_cfg.start_rollout_id)
         times: dict[str, float] = {}
         t0 = self.now()
         async with self._phase("startup", None, times):
             await self._load_checkpoint(report)
-            if args.offload_train and self.trainer.lifecycle.state is TrainerState.AWAKE:
+            if self.cluster.offload_train and self.trainer.lifecycle.state is TrainerState.AWAKE:
                 await self.trainer.sleep()  # seed step 3: actors hand the GPUs to the engines
-            if args.offload_rollout:
+            if self.cluster.offload_rollout:
                 async with self._phase("onload_weights", None, times):
                     await self.onload_weights()  # seed steps 4–7
             async with self._phase("weight_sync", None, times):
                 await self.update_weights()  # seed step 8: v0 → v1, flushed
             self.training_ready()  # seed step 9
-            if args.offload_rollout:
+            if self.cluster.offload_rollout:
                 async with self._phase("onload_kv", None, times):
                     await self.onload_kv()  # seed steps 10–13
         report.t_onload_weights = times.get("onload_weights", 0.0)
@@ -260,7 +264,6 @@ class Orchestrator:
     # --- seed steps 14–55 -------------------------------------------------------------------------
     async def step(self, rollout_id: int) -> StepReport:
         """One RL step; returns its report. Raises (after returning unused prompts) when it cannot finish."""
-        args = self.args
         report = StepReport(rollout_id=rollout_id, t_begin=self.now())
         times: dict[str, float] = {}
         async with self._phase("rollout", rollout_id, times):  # 14–32
@@ -271,21 +274,21 @@ class Orchestrator:
         async with self._phase("train", rollout_id, times):  # 37–42
             metrics = await self.train(rollout_id, batch)
             self.training_completed(rollout_id)
-        if _periodic(rollout_id, args.save_interval, args.num_rollout):
+        if _periodic(rollout_id, self.train_cfg.save_interval, self.train_cfg.num_rollout):
             async with self._phase("save", rollout_id, times):
                 await self.save(rollout_id)
-        if args.offload_rollout:
+        if self.cluster.offload_rollout:
             async with self._phase("onload_weights", rollout_id, times):  # 43
                 await self.onload_weights()
         async with self._phase("weight_sync", rollout_id, times):  # 44–53
             was_paused = self.pause_rollout_admission()
             await self.update_weights()
-            if rollout_id + 1 < args.num_rollout:
+            if rollout_id + 1 < self.train_cfg.num_rollout:
                 self.resume_rollout_admission(was_paused)
-        if args.offload_rollout:
+        if self.cluster.offload_rollout:
             async with self._phase("onload_kv", rollout_id, times):  # 54
                 await self.onload_kv()
-        if _periodic(rollout_id, args.eval_interval, args.num_rollout):
+        if _periodic(rollout_id, self.train_cfg.eval_interval, self.train_cfg.num_rollout):
             async with self._phase("eval", rollout_id, times):
                 report.eval = await self.evaluate(rollout_id)
         self._fill(report, times, out, batch, metrics)
@@ -298,7 +301,7 @@ class Orchestrator:
         if on_startup is not None:
             on_startup(startup)
         steps = []
-        for rollout_id in range(startup.start_rollout_id, self.args.num_rollout):
+        for rollout_id in range(startup.start_rollout_id, self.train_cfg.num_rollout):
             steps.append(await self.step(rollout_id))
             if on_step is not None:
                 on_step(steps[-1])
@@ -314,7 +317,7 @@ class Orchestrator:
     async def offload(self) -> int | None:
         """Seed steps 33–36: every engine sleeps (level 2 if it receives weights). The engines' health is
         checked before, after the rollout (`_check_engines`): a sleeping engine answers slowly or not at all."""
-        if not self.args.offload_rollout:
+        if not self.cluster.offload_rollout:
             return None
         level = 2 if self.engines_receive_weights else 1
         await asyncio.gather(*(e.sleep(level, "keep") for e in self.engines))
@@ -322,10 +325,10 @@ class Orchestrator:
 
     async def train(self, rollout_id: int, batch: TrainBatch) -> TrainMetrics:
         """Seed steps 37–41: wake the actors, train on the batch, put them back to sleep when offloading."""
-        if self.args.offload_train:
+        if self.cluster.offload_train:
             await self.trainer.wake_up()
         metrics = await self.trainer.train(rollout_id, batch)
-        if self.args.offload_train:
+        if self.cluster.offload_train:
             await self.trainer.sleep()
         return metrics
 
@@ -346,9 +349,9 @@ class Orchestrator:
     async def update_weights(self) -> None:
         """Seed steps 8 and 45–52: publish the trainer's weights as the next version."""
         version = self.weight_version + 1
-        flush = should_flush_cache(self.args.flush_cache_interval, version, self.initial_weight_version)
+        flush = should_flush_cache(self.weight_sync.flush_cache_interval, version, self.initial_weight_version)
         published = await publish_weights(self.trainer, self.engines, version, flush_cache=flush,
-                                          bucket_bytes=self.args.update_weight_buffer_size)
+                                          bucket_bytes=self.weight_sync.update_weight_buffer_size)
         self.weight_version = version
         self._last_flush = flush
         self._last_buckets = published.buckets
@@ -388,7 +391,7 @@ class Orchestrator:
                 restarted.append(engine.name)
                 self._note("restart_engine", t0)
                 continue
-            if self.args.offload_rollout:
+            if self.cluster.offload_rollout:
                 raise EngineError(engine.name, "health",
                                   f"the engine died during rollout {rollout_id}; every sample was completed on the "
                                   f"other engines, but with colocated training its GPU memory cannot be released "
@@ -414,11 +417,10 @@ class Orchestrator:
     async def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Generate on every evaluation set (no filter, no training) with the eval sampling params;
         metrics per set: ``NAME/reward``, ``NAME/response_len``, ``NAME/samples``."""
-        args = self.args
-        sampling = {k: v for k, v in (("max_new_tokens", getattr(args, "eval_max_response_len", None)),
-                                      ("temperature", getattr(args, "eval_temperature", None)),
-                                      ("top_p", getattr(args, "eval_top_p", None)),
-                                      ("top_k", getattr(args, "eval_top_k", None))) if v is not None}
+        sampling = {k: v for k, v in (("max_new_tokens", self.train_cfg.eval_max_response_len),
+                                      ("temperature", self.train_cfg.eval_temperature),
+                                      ("top_p", self.train_cfg.eval_top_p),
+                                      ("top_k", self.train_cfg.eval_top_k)) if v is not None}
         out: dict[str, float] = {}
         for name, eval_set in self.eval_sources.items():
             result = await self.rollout.generate_rollout(rollout_id, eval_set.source, evaluation=True,
@@ -432,15 +434,15 @@ class Orchestrator:
 
     async def save(self, rollout_id: int) -> None:
         """Checkpoint through the trainer, plus the rollout state (data-source position, weight version)."""
-        path = checkpoint_path(self.args.save, rollout_id)
+        path = checkpoint_path(self.train_cfg.save, rollout_id)
         await self.trainer.save_checkpoint(rollout_id, path)
-        write_rollout_state(self.args.save, path, {"rollout_id": rollout_id, "weight_version": self.weight_version,
+        write_rollout_state(self.train_cfg.save, path, {"rollout_id": rollout_id, "weight_version": self.weight_version,
                                                    "data_source": self.data_source.state_dict()})
 
     async def _load_checkpoint(self, report: StartupReport) -> None:
-        if not getattr(self.args, "load", None):
+        if not self.train_cfg.load:
             return
-        path = resolve_checkpoint(self.args.load)
+        path = resolve_checkpoint(self.train_cfg.load)
         next_id = int(await self.trainer.load_checkpoint(path))
         state = read_rollout_state(path)
         if state is not None:
@@ -448,7 +450,7 @@ class Orchestrator:
             # the version the saved rollout was trained from; start-up publishes the next one (seed step 8)
             self.weight_version = self.initial_weight_version = int(state["weight_version"])
             next_id = max(next_id, int(state["rollout_id"]) + 1)
-        report.start_rollout_id = max(next_id, self.args.start_rollout_id)
+        report.start_rollout_id = max(next_id, self.train_cfg.start_rollout_id)
 
     # --- the report ---------------------------------------------------------------------------------
     def _fill(self, report: StepReport, times: dict[str, float], out: RolloutOutput, batch: TrainBatch,

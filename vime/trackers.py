@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from vime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vime.config import LoggingConfig
 
 
 class WandbTracker:
     """One wandb run: `log(metrics, step)` per rollout, `close()` at the end."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, cfg: LoggingConfig, run_config: Mapping[str, Any]) -> None:
         try:
             import wandb
         except ImportError as exc:
             raise ConfigError("--use-wandb needs the wandb package: pip install 'vime[log]'") from exc
         os.environ.setdefault("WANDB_SILENT", "true")
-        directory = args.wandb_dir or os.getcwd()
+        directory = cfg.wandb_dir or os.getcwd()
         os.makedirs(directory, exist_ok=True)
-        self.run = wandb.init(mode=args.wandb_mode, dir=directory, project=args.wandb_project,
-                              group=args.wandb_group, name=args.wandb_run_name, config=args.to_dict(),
+        self.run = wandb.init(mode=cfg.wandb_mode, dir=directory, project=cfg.wandb_project,
+                              group=cfg.wandb_group, name=cfg.wandb_run_name, config=dict(run_config),
                               reinit="create_new")
         self.path = getattr(self.run, "dir", directory)
 
@@ -43,12 +46,12 @@ class WandbTracker:
 class TensorBoardTracker:
     """One TensorBoard event file in ``--tensorboard-dir`` (default $TENSORBOARD_DIR, else ./tensorboard)."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, cfg: LoggingConfig) -> None:
         try:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError as exc:
             raise ConfigError("--use-tensorboard needs the tensorboard package: pip install 'vime[log]'") from exc
-        self.path = args.tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or "tensorboard"
+        self.path = cfg.tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or "tensorboard"
         os.makedirs(self.path, exist_ok=True)
         self.writer = EventFileWriter(self.path)
 
@@ -71,12 +74,13 @@ class Trackers:
         self.trackers = list(trackers)
 
     @classmethod
-    def from_args(cls, args: Any) -> Trackers:
+    def from_config(cls, cfg: LoggingConfig, run_config: Mapping[str, Any]) -> Trackers:
+        """The trackers ``--use-wandb`` / ``--use-tensorboard`` ask for; wandb records `run_config` (every option)."""
         chosen: list[Any] = []
-        if getattr(args, "use_wandb", False):
-            chosen.append(WandbTracker(args))
-        if getattr(args, "use_tensorboard", False):
-            chosen.append(TensorBoardTracker(args))
+        if cfg.use_wandb:
+            chosen.append(WandbTracker(cfg, run_config))
+        if cfg.use_tensorboard:
+            chosen.append(TensorBoardTracker(cfg))
         return cls(chosen)
 
     def step(self, report: Any) -> None:

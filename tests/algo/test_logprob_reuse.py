@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 
@@ -14,24 +14,24 @@ from vime.algo.logprob_reuse import (
 from vime.config import defaults, parse_args
 
 
-def _namespace(**changes: object) -> SimpleNamespace:
-    """The options as a plain namespace: some blockers are flags the parser now refuses (not trained yet),
-    and the decision must still be right for any object with these names."""
-    return SimpleNamespace(**{**defaults("train").to_dict(), **changes})
+def _algo(**changes: object):  # noqa: ANN202
+    """The algorithm options with some changed directly: some blockers are flags the parser now refuses
+    (not trained yet), and the decision must still be right for them."""
+    return dataclasses.replace(defaults("train").algo, **changes)
 
 
 def test_seed_reuses_and_skips_recompute() -> None:
     args = parse_args([], command="train")
-    assert can_reuse_log_probs_in_loss(args, [8]) is True
-    assert needs_log_prob_recompute(args, [8]) is False
-    assert log_prob_reuse_blockers(args, [8]) == []
+    assert can_reuse_log_probs_in_loss(args.algo, [8]) is True
+    assert needs_log_prob_recompute(args.algo, [8]) is False
+    assert log_prob_reuse_blockers(args.algo, [8]) == []
 
 
 def test_four_steps_cannot_reuse_and_recomputes() -> None:
     args = parse_args(["--num-steps-per-rollout", "4"], command="train")
-    assert can_reuse_log_probs_in_loss(args, [2, 2, 2, 2]) is False
-    assert needs_log_prob_recompute(args, [2, 2, 2, 2]) is True
-    assert "4 optimizer steps" in log_prob_reuse_blockers(args, [2, 2, 2, 2])[0]
+    assert can_reuse_log_probs_in_loss(args.algo, [2, 2, 2, 2]) is False
+    assert needs_log_prob_recompute(args.algo, [2, 2, 2, 2]) is True
+    assert "4 optimizer steps" in log_prob_reuse_blockers(args.algo, [2, 2, 2, 2])[0]
 
 
 @pytest.mark.parametrize("changes", [
@@ -45,25 +45,25 @@ def test_four_steps_cannot_reuse_and_recomputes() -> None:
     {"advantage_estimator": "gspo"},
 ])
 def test_each_condition_blocks_reuse(changes: dict[str, object]) -> None:
-    args = _namespace(**changes)
-    assert can_reuse_log_probs_in_loss(args, [8]) is False
-    assert len(log_prob_reuse_blockers(args, [8])) == 1
+    algo = _algo(**changes)
+    assert can_reuse_log_probs_in_loss(algo, [8]) is False
+    assert len(log_prob_reuse_blockers(algo, [8])) == 1
 
 
 def test_rollout_routing_replay_keeps_reuse() -> None:
-    args = _namespace(use_routing_replay=True, use_rollout_routing_replay=True)
-    assert can_reuse_log_probs_in_loss(args, [8]) is True
+    algo = _algo(use_routing_replay=True, use_rollout_routing_replay=True)
+    assert can_reuse_log_probs_in_loss(algo, [8]) is True
 
 
 def test_rollout_logprobs_skip_recompute_unless_mismatch_metrics() -> None:
     args = parse_args(["--use-rollout-logprobs"], command="train")
-    assert needs_log_prob_recompute(args, [8]) is False  # engine log-probs are the old ones
+    assert needs_log_prob_recompute(args.algo, [8]) is False  # engine log-probs are the old ones
     both = parse_args(["--use-rollout-logprobs", "--get-mismatch-metrics"], command="train")
-    assert needs_log_prob_recompute(both, [8]) is True
+    assert needs_log_prob_recompute(both.algo, [8]) is True
 
 
 def test_the_batch_builder_decides_once_and_the_batch_carries_it() -> None:
-    from vime.rollout.batch_builder import BatchBuilder
+    from vime.runs.loop import build_batch_builder
     from vime.types import Sample
 
     def samples() -> list[Sample]:
@@ -73,9 +73,9 @@ def test_the_batch_builder_decides_once_and_the_batch_carries_it() -> None:
             out.append(s)
         return out
 
-    one = BatchBuilder(parse_args(["--rollout-batch-size", "2", "--micro-batch-size", "2"], command="train"))
+    one = build_batch_builder(parse_args(["--rollout-batch-size", "2", "--micro-batch-size", "2"], command="train"))
     assert one.build(0, samples()).recompute_log_probs is False
-    four = BatchBuilder(parse_args(["--rollout-batch-size", "2", "--micro-batch-size", "2",
+    four = build_batch_builder(parse_args(["--rollout-batch-size", "2", "--micro-batch-size", "2",
                                     "--num-steps-per-rollout", "2"], command="train"))
     batch = four.build(0, samples())
     assert batch.recompute_log_probs is True and all(batch.for_rank(r).recompute_log_probs for r in range(batch.dp_size))

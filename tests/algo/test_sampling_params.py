@@ -21,13 +21,13 @@ SEED_VLLM = {"max_tokens": 1024, "temperature": 1.0, "top_p": 1.0, "logprobs": 1
 
 
 def test_seed_base_params_from_args() -> None:
-    assert default_sampling_params(parse_args([], command="train")) == SEED_BASE
+    assert default_sampling_params(parse_args([], command="train").rollout) == SEED_BASE
 
 
 def test_seed_translation_exactly() -> None:
     args = parse_args([], command="train")
     sample = Sample(index=0, tokens=list(range(200)))  # a new 200-token prompt
-    sp = sampling_params_for_sample(sample, default_sampling_params(args), logprobs_count(args))
+    sp = sampling_params_for_sample(sample, default_sampling_params(args.rollout), logprobs_count(args.rollout))
     assert sp == SEED_VLLM
     assert list(sp) == list(SEED_VLLM)  # same keys in the seed's order
     assert sp["max_tokens"] == 1024  # 1024 - response_length 0
@@ -61,13 +61,13 @@ def test_stop_written_only_when_non_empty() -> None:
     sp = build_inference_sampling_params({**SEED_BASE, "stop": ["</s>"], "stop_token_ids": [151645]})
     assert sp["stop"] == ["</s>"] and sp["stop_token_ids"] == [151645]
     args = parse_args(["--rollout-stop", "</s>", "--rollout-stop-token-ids", "1", "2"], command="train")
-    assert build_inference_sampling_params(default_sampling_params(args))["stop_token_ids"] == [1, 2]
+    assert build_inference_sampling_params(default_sampling_params(args.rollout))["stop_token_ids"] == [1, 2]
 
 
 def test_logprobs_count_score_centering() -> None:
-    assert logprobs_count(parse_args(["--score-centering-top-k", "4"], command="train")) == 1
+    assert logprobs_count(parse_args(["--score-centering-top-k", "4"], command="train").rollout) == 1
     on = parse_args(["--use-score-centering", "--score-centering-top-k", "4"], command="train")
-    assert logprobs_count(on) == 5
+    assert logprobs_count(on.rollout) == 5
     top_p = parse_args(["--use-score-centering", "--score-centering-top-k", "4", "--rollout-top-p", "0.9"],
                        command="train")
-    assert logprobs_count(top_p) == 1
+    assert logprobs_count(top_p.rollout) == 1

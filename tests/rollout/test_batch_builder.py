@@ -6,7 +6,7 @@ import pytest
 
 from vime.config import defaults
 from vime.errors import ConfigError
-from vime.rollout.batch_builder import BatchBuilder
+from vime.runs.loop import build_batch_builder
 from vime.types import Sample
 
 SEED_REWARDS = [1, 0, 0, 1, 1, 0, 1, 0]
@@ -27,7 +27,7 @@ def seed_samples(n_groups=32, n=8):
 
 def test_seed_batch_columns_normalisation_and_schedule():
     args = defaults("train")
-    batch = BatchBuilder(args).build(0, seed_samples())
+    batch = build_batch_builder(args).build(0, seed_samples())
     assert len(batch) == 256
     assert batch.raw_rewards[:8] == [float(r) for r in SEED_REWARDS]
     assert [round(r, 4) for r in batch.rewards[:8]] == [0.9354, -0.9354, -0.9354, 0.9354, 0.9354, -0.9354,
@@ -47,7 +47,7 @@ def test_seed_batch_columns_normalisation_and_schedule():
 
 def test_four_steps_give_two_microbatches_per_step():
     args = defaults("train").replace(num_steps_per_rollout=4, micro_batch_size=8)
-    assert BatchBuilder(args).build(0, seed_samples()).num_microbatches == [2, 2, 2, 2]
+    assert build_batch_builder(args).build(0, seed_samples()).num_microbatches == [2, 2, 2, 2]
 
 
 def test_uniform_group_normalises_to_zero_and_dict_rewards_are_read():
@@ -55,7 +55,7 @@ def test_uniform_group_normalises_to_zero_and_dict_rewards_are_read():
     for s in samples[:8]:
         s.reward = {"reward": 1.0, "acc": 1}
     args = defaults("train").replace(rollout_batch_size=4, micro_batch_size=1)
-    batch = BatchBuilder(args).build(0, samples)
+    batch = build_batch_builder(args).build(0, samples)
     assert batch.rewards[:8] == [0.0] * 8 and batch.raw_rewards[:8] == [1.0] * 8
 
 
@@ -64,8 +64,8 @@ def test_missing_reward_and_unconsumed_batches_are_errors():
     samples = seed_samples()
     samples[3].reward = None
     with pytest.raises(ConfigError, match="sample 3 .*without a reward"):
-        BatchBuilder(args).build(0, samples)
-    bb = BatchBuilder(args)
+        build_batch_builder(args).build(0, samples)
+    bb = build_batch_builder(args)
     bb.build(0, seed_samples())
     with pytest.raises(ConfigError, match="training_completed"):
         bb.build(1, seed_samples())

@@ -43,7 +43,7 @@ def test_load_function_resolves_short_and_slime_names():
 
 def test_call_dynamic_filter_normalises_results():
     g = group([1, 0])
-    assert call_dynamic_filter(None, None, g) == DynamicFilterOutput(True)
-    assert call_dynamic_filter(lambda a, s: False, None, g) == DynamicFilterOutput(False, "filtered")
+    assert call_dynamic_filter(None, g) == DynamicFilterOutput(True)
+    assert call_dynamic_filter(lambda s: False, g) == DynamicFilterOutput(False, "filtered")
     with pytest.raises(TypeError, match="return a bool"):
-        call_dynamic_filter(lambda a, s: 3, None, g)
+        call_dynamic_filter(lambda s: 3, g)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from rollout_fakes import FakeRouter
 
@@ -9,7 +11,9 @@ from vime.config import defaults
 from vime.errors import ConfigError
 from vime.rollout.data_source import DataSource, SyntheticDataset
 from vime.rollout.generate import Rollout, RolloutError
+from vime.rollout.plugins import load_plugins
 from vime.rollout.rm_hub import RewardHub, sim_reward
+from vime.runs.loop import build_rollout
 from vime.sim import clock
 from vime.types import SampleStatus
 
@@ -25,8 +29,11 @@ def make_source(args, size=10_000):
 
 
 def make_rollout(args, router, **kw):
-    kw.setdefault("reward", RewardHub(args, rm_type="sim"))
-    return Rollout(args, router, num_engines=args.rollout_num_engines, progress=False, **kw)
+    plugins = load_plugins(args)
+    kw.setdefault("reward", RewardHub(args.data, seed=args.seed, rm_type="sim"))
+    kw.setdefault("dynamic_filter", plugins.dynamic_filter)
+    kw.setdefault("custom_generate", plugins.generate)
+    return Rollout(args.rollout, router, num_engines=args.rollout_num_engines, seed=args.seed, progress=False, **kw)
 
 
 def test_seed_rollout_collects_32_groups_of_8_numbered_as_the_seed():
@@ -100,7 +107,7 @@ def test_dynamic_filter_drops_uniform_groups_refills_and_returns_aborted():
 def test_a_filter_that_never_passes_stops_with_a_clear_error():
     args = make_args(rollout_batch_size=2, over_sampling_batch_size=2)
     router = FakeRouter()
-    rollout = make_rollout(args, router, dynamic_filter=lambda a, g: False, max_oversubmit=4)
+    rollout = make_rollout(args, router, dynamic_filter=lambda g: False, max_oversubmit=4)
     with pytest.raises(RolloutError, match="dynamic filter"):
         clock.run(rollout.generate_rollout(0, make_source(args)))
 
@@ -159,7 +166,7 @@ def test_group_rm_scores_each_group_once():
         calls.append([s.index for s in samples])
         return [float(i % 2) for i in range(len(samples))]
 
-    reward = RewardHub(args, custom=group_reward)
+    reward = RewardHub(args.data, seed=args.seed, custom=functools.partial(group_reward, args))
     out = clock.run(make_rollout(args, FakeRouter(), reward=reward).generate_rollout(0, make_source(args)))
     assert len(calls) == 3 and all(len(c) == 8 for c in calls)
     assert [s.reward for s in out.groups[0]] == [0.0, 1.0] * 4
@@ -194,7 +201,7 @@ def test_bad_custom_paths_name_the_flag():
 
 def test_progress_bar_quiet_under_json(capsys):
     args = make_args(rollout_batch_size=2, json=True)
-    rollout = Rollout(args, FakeRouter(), num_engines=4, reward=RewardHub(args, rm_type="sim"))
+    rollout = build_rollout(args, FakeRouter(), num_engines=4, rm_type="sim")  # what both commands build
     assert rollout.progress is False
     clock.run(rollout.generate_rollout(0, make_source(args)))
     captured = capsys.readouterr()

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+from rollout_fakes import FakeRouter
 
 from vime.config import defaults
 from vime.errors import ConfigError
@@ -18,6 +19,8 @@ from vime.rollout.rm_hub import (
     sim_reward,
     token_reward,
 )
+from vime.rollout.plugins import load_plugins
+from vime.runs.loop import build_rollout
 from vime.types import Sample
 
 
@@ -61,13 +64,13 @@ def test_sim_reward_is_seeded_and_leaves_some_groups_uniform():
 
 def test_hub_dispatch_exact_math_token():
     args = defaults("train")
-    assert asyncio.run(RewardHub(args, rm_type="exact").score(sample(" yes ", "yes"))) == 1.0
-    assert asyncio.run(RewardHub(args).score(sample("\\boxed{3}", "3"))) == 1.0  # math by default
-    assert asyncio.run(RewardHub(args, rm_type="token").score(sample(label=[4], response_tokens=[3, 4]))) == 1.0
+    assert asyncio.run(RewardHub(args.data, seed=args.seed, rm_type="exact").score(sample(" yes ", "yes"))) == 1.0
+    assert asyncio.run(RewardHub(args.data, seed=args.seed).score(sample("\\boxed{3}", "3"))) == 1.0  # math by default
+    assert asyncio.run(RewardHub(args.data, seed=args.seed, rm_type="token").score(sample(label=[4], response_tokens=[3, 4]))) == 1.0
     with pytest.raises(ConfigError, match="--rm-type"):
-        RewardHub(args, rm_type="nope")
+        RewardHub(args.data, seed=args.seed, rm_type="nope")
     with pytest.raises(ConfigError, match="--rm-url"):
-        RewardHub(args, rm_type="remote")
+        RewardHub(args.data, seed=args.seed, rm_type="remote")
 
 
 def test_text_rewards_decode_with_the_tokenizer_when_no_text():
@@ -75,10 +78,10 @@ def test_text_rewards_decode_with_the_tokenizer_when_no_text():
         def decode(self, ids, skip_special_tokens=False):
             return "answer is " + "".join(str(i) for i in ids)
 
-    hub = RewardHub(defaults("train"), rm_type="math", tokenizer=Tok())
+    hub = RewardHub(defaults("train").data, seed=defaults("train").seed, rm_type="math", tokenizer=Tok())
     assert asyncio.run(hub.score(sample(label="12", response_tokens=[1, 2]))) == 1.0
     with pytest.raises(ConfigError, match="tokenizer"):
-        asyncio.run(RewardHub(defaults("train"), rm_type="math").score(sample(label="1", response_tokens=[1])))
+        asyncio.run(RewardHub(defaults("train").data, seed=defaults("train").seed, rm_type="math").score(sample(label="1", response_tokens=[1])))
 
 
 def test_remote_reward_model_over_http():
@@ -92,7 +95,7 @@ def test_remote_reward_model_over_http():
             return httpx.Response(503, text="warming up")
         return httpx.Response(200, json={"reward": 0.25 if body["label"] == "L" else 0.0})
 
-    hub = RewardHub(defaults("train"), rm_type="remote", url="http://rm/score", transport=httpx.MockTransport(handler))
+    hub = RewardHub(defaults("train").data, seed=defaults("train").seed, rm_type="remote", url="http://rm/score", transport=httpx.MockTransport(handler))
 
     async def go():
         try:
@@ -105,25 +108,26 @@ def test_remote_reward_model_over_http():
 
 
 def test_remote_reward_model_failure_is_a_clear_error():
-    hub = RewardHub(defaults("train"), rm_type="remote", url="http://rm/score", max_attempts=2,
+    hub = RewardHub(defaults("train").data, seed=defaults("train").seed, rm_type="remote", url="http://rm/score", max_attempts=2,
                     transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")))
     with pytest.raises(RewardError, match="http://rm/score failed 2 times; last: HTTP 500: boom"):
         asyncio.run(hub.score(sample("r", "l")))
-    bad = RewardHub(defaults("train"), rm_type="remote", url="http://rm/score",
+    bad = RewardHub(defaults("train").data, seed=defaults("train").seed, rm_type="remote", url="http://rm/score",
                     transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"x": 1})))
     with pytest.raises(RewardError, match="expected a number"):
         asyncio.run(bad.score(sample("r", "l")))
 
 
 def length_reward(args, s):
+    assert args.custom_rm_path == "test_rm_hub.length_reward"  # slime's signature: the run's options first
     return float(s.response_length)
 
 
 def test_custom_reward_by_dotted_path():
     args = defaults("train").replace(custom_rm_path="test_rm_hub.length_reward")
-    hub = RewardHub(args)
+    hub = build_rollout(args, FakeRouter(), num_engines=1).reward
     assert hub.name == "custom"
     assert asyncio.run(hub.score(sample(response_tokens=[1, 2, 3]))) == 3.0
     args = defaults("train").replace(custom_rm_path="test_rm_hub.missing")
     with pytest.raises(ConfigError, match="--custom-rm-path .*no attribute 'missing'"):
-        RewardHub(args)
+        load_plugins(args)

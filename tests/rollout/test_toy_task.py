@@ -10,6 +10,7 @@ import pytest
 from vime.config import defaults
 from vime.errors import ConfigError
 from vime.rollout.data_source import DataSource
+from vime.rollout.plugins import load_plugins
 from vime.rollout.rm_hub import RewardHub
 from vime.rollout.toy_task import ToyTask, main, target_fraction, target_fraction_reward, write_prompts
 from vime.types import Sample
@@ -54,14 +55,14 @@ def test_written_prompts_load_as_a_data_source_and_score_through_the_reward_hub(
     assert [r["token_ids"] for r in rows] == task.prompts()
     args = defaults("train").replace(prompt_data=str(path), n_samples_per_prompt=2,
                                      custom_rm_path="vime.rollout.toy_task.target_fraction_reward")
-    source = DataSource.from_args(args)  # token_ids given: no tokenizer needed
+    source = DataSource.from_config(args.data, args.rollout, seed=args.seed)  # token_ids given: no tokenizer needed
     group = source.get_samples(1)[0]
     assert [s.tokens for s in group] == [task.prompts()[0]] * 2
     targets = task.targets()
     other = [t for t in range(300) if t not in targets][-2:]
     group[0].append_response_tokens([targets[0], other[0], targets[1], other[1]], [0.0] * 4)
     group[1].append_response_tokens([other[0]], [0.0])
-    hub = RewardHub(args)
+    hub = RewardHub(args.data, seed=args.seed, custom=load_plugins(args).reward)
     assert hub.name == "custom"
     assert asyncio.run(hub.score(group[0])) == 0.5
     assert asyncio.run(hub.score(group[1])) == 0.0

@@ -506,7 +506,7 @@ def test_sim_trainer_uses_the_profiles_software():
                      ("unfused", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes,
                                                      software=Software("unfused", 2, "torch")))):
         cl = SimCluster.create(simpy.Environment(), hw, 8)
-        tr = SimTrainer(args, QWEN3_4B, cl)
+        tr = SimTrainer(args.cluster, args.parallel, args.algo, QWEN3_4B, cl, seed=args.seed)
         plans[name] = (tr, tr.memory_plan(2048, [1024, 1024]), tr._optimizer_seconds())
     (_, pf, of), (tu, pu, ou) = plans["flash"], plans["unfused"]
     assert pu["grads"] * 2 == pf["grads"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import Any
@@ -60,7 +61,9 @@ def _batch(args: Any, rollout_id: int = 0, *, seed: int = 0, response_max: int =
 
 def _trainer(args: Any, model=QWEN3_4B, hw=H100, gpus: int = 8, **kw: Any) -> tuple[SimTrainer, SimCluster]:
     cl = SimCluster.create(simpy.Environment(), hw, gpus)
-    return SimTrainer(args, model, cl, **kw), cl
+    kw.setdefault("seed", args.seed)
+    return SimTrainer(args.cluster, args.parallel, args.algo, model, cl, start_rollout_id=args.start_rollout_id,
+                      **kw), cl
 
 
 def _run(cl: SimCluster, coro: Any) -> Any:
@@ -130,7 +133,7 @@ def test_offload_train_sleeps_after_init_and_wake_restores_it():
     _run(cl, tr.wake_up())
     assert {t: cl.gpus[0].used("actor", t) for t in awake} == awake
     before = [g.used() for g in cl.gpus]
-    _run(cl, tr.train(0, _batch(tr.args)))
+    _run(cl, tr.train(0, _batch(_seed_args())))
     assert [g.used() for g in cl.gpus] == before  # activations all released
     _run(cl, tr.sleep())
     assert [g.used() for g in cl.gpus] == [H100.cuda_context_bytes] * 8
@@ -147,9 +150,10 @@ def test_cold_pinned_host_memory_is_freed_on_wake_except_the_backup():
 
 def test_activation_peak_is_one_micro_batch_and_grows_with_its_tokens():
     def peak(response_max: int) -> int:
-        tr, cl = _trainer(_seed_args(offload_train=False))
+        args = _seed_args(offload_train=False)
+        tr, cl = _trainer(args)
         _run(cl, tr.init())
-        _run(cl, tr.train(0, _batch(tr.args, response_max=response_max)))
+        _run(cl, tr.train(0, _batch(args, response_max=response_max)))
         return max(cl.gpus[g].peak("actor", "activations") for g in range(8))
 
     short, long = peak(128), peak(1024)
@@ -430,12 +434,9 @@ def test_layout_errors_are_clear():
     with pytest.raises(ConfigError, match="cluster has 4"):
         _trainer(_seed_args(), gpus=4)
 
-    class Odd:
-        tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size = 3, 1, 1
-        actor_num_nodes, actor_num_gpus_per_node = 1, 8
-
+    odd = dataclasses.replace(_seed_args().parallel, tensor_model_parallel_size=3)
     with pytest.raises(ConfigError, match="not a multiple"):
-        Layout.from_args(Odd(), 8)
+        Layout.of(_seed_args().cluster, odd, 8)
 
 
 _HASHSEED_SCRIPT = """

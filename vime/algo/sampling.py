@@ -3,30 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vime.types import Sample, SampleStatus
 
+if TYPE_CHECKING:
+    from vime.config import RolloutConfig
 
-def default_sampling_params(args: Any) -> dict[str, Any]:
+
+def default_sampling_params(cfg: RolloutConfig) -> dict[str, Any]:
     """The rollout's base sampling params from the options (GenerateState.sampling_params, seed step 19)."""
     return {
-        "temperature": args.rollout_temperature,
-        "top_p": args.rollout_top_p,
-        "top_k": args.rollout_top_k,
-        "max_new_tokens": args.rollout_max_response_len,
-        "stop": args.rollout_stop,
-        "stop_token_ids": args.rollout_stop_token_ids,
-        "skip_special_tokens": args.rollout_skip_special_tokens,
+        "temperature": cfg.rollout_temperature,
+        "top_p": cfg.rollout_top_p,
+        "top_k": cfg.rollout_top_k,
+        "max_new_tokens": cfg.rollout_max_response_len,
+        "stop": cfg.rollout_stop,
+        "stop_token_ids": cfg.rollout_stop_token_ids,
+        "skip_special_tokens": cfg.rollout_skip_special_tokens,
         "no_stop_trim": True,
         "spaces_between_special_tokens": False,
     }
 
 
-def logprobs_count(args: Any) -> int:
+def logprobs_count(cfg: RolloutConfig) -> int:
     """Log-probs per position to request: top-k + 1 for score centering with top_p 1, else 1 (seed step 19)."""
-    if getattr(args, "use_score_centering", False) and args.rollout_top_p == 1:
-        return int(args.score_centering_top_k) + 1
+    if cfg.use_score_centering and cfg.rollout_top_p == 1:
+        return int(cfg.score_centering_top_k) + 1
     return 1
 
 

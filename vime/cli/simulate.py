@@ -75,7 +75,7 @@ def run_simulate(args: Any) -> int:
     from vime.runs.sim import simulate
     from vime.trackers import Trackers
 
-    trackers = Trackers.from_args(args)  # simulated steps logged like real ones, to compare the curves
+    trackers = Trackers.from_config(args.logging, args.to_dict())  # simulated steps logged like real ones, to compare the curves
     try:
         sim = simulate(args, progress=False, on_step=trackers.step)
     finally:

@@ -77,11 +77,11 @@ def run_train(args: Any) -> int:
     (and log them to the trackers the flags turn on)."""
     from vime.trackers import Trackers
 
-    printer = _Printer(bool(getattr(args, "json", False)))
-    backend = getattr(args, "backend", "real")
+    printer = _Printer(args.json)
+    backend = args.backend
     if backend not in ("sim", "real"):
         raise ConfigError(f"--backend {backend!r} is unknown; use sim or real")
-    trackers = Trackers.from_args(args)  # a missing tracker package fails here, before any backend starts
+    trackers = Trackers.from_config(args.logging, args.to_dict())  # a missing tracker package fails here, before any backend starts
 
     def on_step(report: StepReport) -> None:
         printer.step(report)

@@ -162,6 +162,11 @@ class DataConfig:
     custom_rm_path: str | None = opt(None, "module.function computing the reward (imports and runs that code)",
                                   metavar="PATH")
     group_rm: bool = opt(False, "compute rewards once per finished group (batched)")
+    reward_key: str | None = opt(None, "which score of a dict-valued reward trains (default: 'reward', else "
+                                       "the first key)", metavar="KEY")
+    apply_chat_template: bool = opt(False, "format every prompt with the tokenizer's chat template (prompts "
+                                           "as text or message lists; needs a tokenizer in --hf-checkpoint)")
+    rollout_shuffle: bool = opt(False, "shuffle the prompts, each epoch in its own seeded order")
 
 
 @dataclass(frozen=True)

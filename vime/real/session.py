@@ -228,9 +228,10 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                                                   keep=int(os.environ.get("VIME_KEEP_WEIGHT_VERSIONS", "2")))
 
             t = time.monotonic()
-            tokenizer = await asyncio.to_thread(load_tokenizer, args)
-            data_source = DataSource.from_args(args, tokenizer=tokenizer)
-            eval_sources = eval_sets_from_files(args, list(args.eval_prompt_data), tokenizer=tokenizer) \
+            tokenizer = await asyncio.to_thread(load_tokenizer, args.hf_checkpoint)
+            data_source = DataSource.from_config(args.data, args.rollout, seed=args.seed, tokenizer=tokenizer)
+            eval_sources = eval_sets_from_files(args.data, args.train, max_prompt_len=args.rollout_max_prompt_len,
+                                                tokenizer=tokenizer) \
                 if getattr(args, "eval_interval", None) else {}
             timings["data"] = time.monotonic() - t
             _log("ready: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())

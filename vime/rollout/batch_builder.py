@@ -10,7 +10,7 @@ which micro-batches). `training_completed` (seed step 42) marks a batch as consu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vime.algo.advantages import normalize_group_rewards
 from vime.algo.dp_schedule import build_dp_schedule
@@ -18,16 +18,20 @@ from vime.algo.logprob_reuse import needs_log_prob_recompute
 from vime.errors import ConfigError
 from vime.types import Sample, TrainBatch
 
+if TYPE_CHECKING:
+    from vime.config import AlgoConfig, TrainConfig
+
 
 class BatchBuilder:
     """Builds one TrainBatch per rollout; holds at most `max_outstanding` batches not yet trained on."""
 
-    def __init__(self, args: Any, *, dp_size: int | None = None, max_outstanding: int = 1,
-                 reward_key: str | None = None) -> None:
-        self.args = args
-        self.dp_size = int(dp_size if dp_size is not None else args.data_parallel_size)
+    def __init__(self, train: TrainConfig, algo: AlgoConfig, *, dp_size: int, reward_key: str | None = None,
+                 max_outstanding: int = 1) -> None:
+        self.train = train
+        self.algo = algo
+        self.dp_size = dp_size
         self.max_outstanding = max_outstanding
-        self.reward_key = reward_key or getattr(args, "reward_key", None)
+        self.reward_key = reward_key  # --reward-key
         self.outstanding: list[int] = []  # rollout ids built and not yet reported trained
 
     # --- seed step 30 -----------------------------------------------------------------------------
@@ -36,7 +40,6 @@ class BatchBuilder:
         if len(self.outstanding) >= self.max_outstanding:
             raise ConfigError(f"BatchBuilder: rollout {rollout_id} built while rollouts {self.outstanding} "
                               f"are not yet trained; call training_completed() after each train (seed step 42)")
-        args = self.args
         tokens: list[list[int]] = []
         response_lengths: list[int] = []
         loss_masks: list[list[int]] = []
@@ -66,17 +69,17 @@ class BatchBuilder:
                 else:
                     log_probs.append(s.rollout_log_probs)
         raw_rewards, rewards = normalize_group_rewards(
-            raw, groups, advantage_estimator=args.advantage_estimator,
-            grpo_std_normalization=args.grpo_std_normalization)
+            raw, groups, advantage_estimator=self.algo.advantage_estimator,
+            grpo_std_normalization=self.algo.grpo_std_normalization)
         # --- seed step 31 -------------------------------------------------------------------------
-        schedule = build_dp_schedule(totals, dp_size=self.dp_size, micro_batch_size=args.micro_batch_size,
-                                     global_batch_size=args.global_batch_size)
+        schedule = build_dp_schedule(totals, dp_size=self.dp_size, micro_batch_size=self.train.micro_batch_size,
+                                     global_batch_size=self.train.global_batch_size)
         self.outstanding.append(rollout_id)
         return TrainBatch(rollout_id=rollout_id, tokens=tokens, response_lengths=response_lengths,
                           loss_masks=loss_masks, raw_rewards=raw_rewards, rewards=rewards, total_lengths=totals,
                           sample_indices=indices, group_indices=groups, schedule=schedule,
                           rollout_log_probs=log_probs, weight_versions=versions,
-                          recompute_log_probs=needs_log_prob_recompute(args, schedule.num_microbatches))
+                          recompute_log_probs=needs_log_prob_recompute(self.algo, schedule.num_microbatches))
 
     def _reward(self, s: Sample) -> float:
         r = s.reward

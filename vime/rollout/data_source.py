@@ -17,13 +17,16 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from vime.errors import ConfigError
 from vime.inputs import read_jsonl
 from vime.types import Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from vime.config import DataConfig, RolloutConfig, TrainConfig
 
 
 @runtime_checkable
@@ -58,10 +61,9 @@ def has_tokenizer(path: str | os.PathLike[str] | None) -> bool:
     return bool(path) and any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)  # type: ignore[arg-type]
 
 
-def load_tokenizer(args: Any) -> Any:
-    """The tokenizer of ``--hf-checkpoint`` (transformers, imported lazily), or None without one
+def load_tokenizer(path: str | None) -> Any:
+    """The tokenizer of ``--hf-checkpoint`` `path` (transformers, imported lazily), or None without one
     (no checkpoint, or a checkpoint directory without tokenizer files)."""
-    path = getattr(args, "hf_checkpoint", None)
     if not path or (os.path.isdir(path) and not has_tokenizer(path)):
         return None
     try:
@@ -221,15 +223,15 @@ class DataSource:
         self._order: np.ndarray | None = None
 
     @classmethod
-    def from_args(cls, args: Any, *, tokenizer: Any = None) -> DataSource:
+    def from_config(cls, data: DataConfig, rollout: RolloutConfig, *, seed: int, tokenizer: Any = None) -> DataSource:
         """A JSONL data source from ``--prompt-data``, ``--input-key``, ``--label-key``."""
-        if not getattr(args, "prompt_data", None):
+        if not data.prompt_data:
             raise ConfigError("no prompts: pass --prompt-data FILE.jsonl")
-        dataset = load_jsonl(args.prompt_data, input_key=args.input_key, label_key=args.label_key,
-                             tokenizer=tokenizer, max_prompt_len=args.rollout_max_prompt_len,
-                             apply_chat_template=bool(getattr(args, "apply_chat_template", False)))
-        return cls(dataset, n_samples_per_prompt=args.n_samples_per_prompt, seed=args.seed,
-                   shuffle=bool(getattr(args, "rollout_shuffle", False)))
+        dataset = load_jsonl(data.prompt_data, input_key=data.input_key, label_key=data.label_key,
+                             tokenizer=tokenizer, max_prompt_len=rollout.rollout_max_prompt_len,
+                             apply_chat_template=data.apply_chat_template)
+        return cls(dataset, n_samples_per_prompt=rollout.n_samples_per_prompt, seed=seed,
+                   shuffle=data.rollout_shuffle)
 
     # --- seed step 16 -----------------------------------------------------------------------------
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
@@ -321,13 +323,14 @@ class EvalSet:
     groups: int | None = None
 
 
-def eval_sets_from_files(args: Any, pairs: Sequence[str], *, tokenizer: Any) -> dict[str, EvalSet]:
+def eval_sets_from_files(data: DataConfig, train: TrainConfig, *, max_prompt_len: int,
+                         tokenizer: Any) -> dict[str, EvalSet]:
     """One EvalSet per ``--eval-prompt-data NAME PATH`` pair, each evaluated whole once per evaluation."""
     out = {}
+    pairs = train.eval_prompt_data
     for name, path in zip(pairs[0::2], pairs[1::2], strict=True):
-        dataset = load_jsonl(path, input_key=args.input_key, label_key=args.label_key, tokenizer=tokenizer,
-                             max_prompt_len=args.rollout_max_prompt_len,
-                             apply_chat_template=bool(getattr(args, "apply_chat_template", False)))
-        source = DataSource(dataset, n_samples_per_prompt=int(args.n_samples_per_eval_prompt), seed=int(args.seed))
+        dataset = load_jsonl(path, input_key=data.input_key, label_key=data.label_key, tokenizer=tokenizer,
+                             max_prompt_len=max_prompt_len, apply_chat_template=data.apply_chat_template)
+        source = DataSource(dataset, n_samples_per_prompt=train.n_samples_per_eval_prompt, seed=train.seed)
         out[name] = EvalSet(source, groups=len(dataset))
     return out

@@ -64,29 +64,31 @@ def check_reward_nonzero_std(args: Any, samples: Sequence[Any], **kwargs: Any) -
     An all-equal group has zero advantage after group normalisation (seed step 30), so it adds no
     gradient; dropping it and sampling another prompt makes the batch informative.
     """
-    rewards = [_scalar_reward(s) for s in samples]
+    key = getattr(args, "reward_key", None)  # slime's filters read --reward-key from the args they get
+    rewards = [_scalar_reward(s, key) for s in samples]
     if len(rewards) > 1 and statistics.pstdev(rewards) > 0.0:
         return DynamicFilterOutput(True)
     mean = rewards[0] if rewards else 0.0
     return DynamicFilterOutput(False, f"zero_std_{mean:g}")
 
 
-def _scalar_reward(sample: Any) -> float:
+def _scalar_reward(sample: Any, key: str | None) -> float:
     reward = sample.reward
     if reward is None:
         raise ConfigError(f"sample {getattr(sample, 'index', '?')} has no reward when the dynamic filter "
                           f"runs; rewards must be computed before filtering (seed step 26)")
     if isinstance(reward, dict):
-        # Multi-key rewards: slime reads the key named by --reward-key; vime uses "reward" or the first.
-        reward = reward.get("reward", next(iter(reward.values())))
+        # multi-key rewards: the --reward-key score, else "reward", else the first (as the batch builder)
+        reward = reward[key] if key in reward else reward.get("reward", next(iter(reward.values())))
     return float(reward)
 
 
-def call_dynamic_filter(fn: Callable[..., Any] | None, args: Any, group: Sequence[Any]) -> DynamicFilterOutput:
-    """Run a filter and normalise what it returns (a bool or a DynamicFilterOutput)."""
+def call_dynamic_filter(fn: Callable[[Sequence[Any]], Any] | None, group: Sequence[Any]) -> DynamicFilterOutput:
+    """Run a filter (its options already bound, `vime.rollout.plugins`) and normalise what it returns
+    (a bool or a DynamicFilterOutput)."""
     if fn is None:
         return DynamicFilterOutput(True)
-    out = fn(args, group)
+    out = fn(group)
     if isinstance(out, DynamicFilterOutput):
         return out
     if isinstance(out, bool):

@@ -19,16 +19,19 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from vime.algo.sampling import default_sampling_params, logprobs_count, sampling_params_for_sample
 from vime.errors import EngineError, VimeError
 from vime.protocols import GenerateRequest, GenerateResult, Router
-from vime.rollout.filters import call_dynamic_filter, load_function
+from vime.rollout.filters import call_dynamic_filter
 from vime.rollout.rm_hub import RewardHub
 from vime.types import Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from vime.config import RolloutConfig
 
 _DONE = (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
 
@@ -141,32 +144,27 @@ class Rollout:
     ``sample.append_response_tokens(..., trainable=False)`` for tool output.
     """
 
-    def __init__(self, args: Any, router: Router, *, num_engines: int, reward: RewardHub | None = None,
-                 tokenizer: Any = None, dynamic_filter: Callable[..., Any] | None = None,
+    def __init__(self, cfg: RolloutConfig, router: Router, *, num_engines: int, reward: RewardHub, seed: int,
+                 tokenizer: Any = None, dynamic_filter: Callable[[Sequence[Sample]], Any] | None = None,
                  custom_generate: Callable[..., Any] | None = None, progress: bool | None = None,
                  max_attempts: int = 3, max_oversubmit: int = 16, abort_timeout_s: float = 120.0) -> None:
-        self.args = args
+        self.cfg = cfg
         self.router = router
         self.num_engines = num_engines
         self.tokenizer = tokenizer
-        self.reward = reward if reward is not None else RewardHub(args, tokenizer=tokenizer)
-        path = getattr(args, "dynamic_sampling_filter_path", None)
-        self.dynamic_filter = dynamic_filter or (
-            load_function(path, flag="--dynamic-sampling-filter-path") if path else None)
-        gpath = getattr(args, "custom_generate_function_path", None)
-        self.custom_generate = custom_generate or (
-            load_function(gpath, flag="--custom-generate-function-path") if gpath else None)
-        if progress is None:
-            progress = not getattr(args, "json", False) and sys.stderr.isatty()
-        self.progress = progress
+        self.reward = reward
+        # the functions --dynamic-sampling-filter-path / --custom-generate-function-path name (vime.rollout.plugins)
+        self.dynamic_filter = dynamic_filter
+        self.custom_generate = custom_generate
+        self.progress = sys.stderr.isatty() if progress is None else progress
         self.max_attempts = max_attempts
         self.max_oversubmit = max_oversubmit
         self.abort_timeout_s = abort_timeout_s
-        self.sampling_params = default_sampling_params(args)  # seed step 19, vime names
+        self.sampling_params = default_sampling_params(cfg)  # seed step 19, vime names
         self._sampling = self.sampling_params  # this rollout's (generate_rollout's overrides applied)
-        self.logprobs = logprobs_count(args)
-        self.use_session_header = getattr(args, "router_policy", None) == "consistent_hash"
-        self.seed = int(getattr(args, "seed", 0))
+        self.logprobs = logprobs_count(cfg)
+        self.use_session_header = cfg.router_policy == "consistent_hash"
+        self.seed = seed
         self.rollout_id = -1
         self._state: _State | None = None
 
@@ -178,16 +176,16 @@ class Rollout:
 
         `sampling` overrides some of the rollout's sampling params for this rollout (evaluation sets).
         """
-        args = self.args
+        cfg = self.cfg
         self._sampling = {**self.sampling_params, **(sampling or {})}
         n = data_source.n_samples_per_prompt
-        target = args.rollout_batch_size if target_groups is None else target_groups
+        target = cfg.rollout_batch_size if target_groups is None else target_groups
         self.rollout_id = rollout_id
         stats = RolloutStats(rollout_id, target, n)
-        state = _State(asyncio.Semaphore(args.vllm_server_concurrency * self.num_engines), stats)
+        state = _State(asyncio.Semaphore(cfg.vllm_server_concurrency * self.num_engines), stats)
         self._state = state
         dynamic_filter = None if evaluation else self.dynamic_filter
-        refill = target if evaluation else args.over_sampling_batch_size
+        refill = target if evaluation else cfg.over_sampling_batch_size
         data: list[list[Sample]] = []
         leftovers: list[list[Sample]] = []
         bar = _Bar(total=target * n, unit="sample", desc=f"rollout {rollout_id}", disable=not self.progress,
@@ -213,7 +211,7 @@ class Rollout:
                         leftovers.append(group)  # returned to the data source with the others
                         raise
                     stats.generated_samples += n
-                    verdict = call_dynamic_filter(dynamic_filter, args, group)
+                    verdict = call_dynamic_filter(dynamic_filter, group)
                     if not verdict.keep:
                         state.remaining_batch_size -= 1
                         stats.dropped_groups += 1

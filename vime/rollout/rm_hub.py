@@ -16,10 +16,12 @@ import re
 import struct
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vime.errors import ConfigError, VimeError
-from vime.rollout.filters import load_function
+
+if TYPE_CHECKING:
+    from vime.config import DataConfig
 
 RM_TYPES = ("exact", "math", "token", "remote", "sim")
 
@@ -128,26 +130,26 @@ def sim_reward(seed: int, group_index: int, index: int) -> float:
 
 
 class RewardHub:
-    """Computes rewards for samples; built once per run from the arguments.
+    """Computes rewards for samples; built once per run from the reward options (``--rm-type``, ``--rm-url``,
+    ``--group-rm``) and the run's seed (the simulator's reward).
 
     `transport` is passed to the httpx client of the remote reward model (tests give an
     ``httpx.MockTransport``); `tokenizer` decodes responses when a sample has no text yet.
     """
 
-    def __init__(self, args: Any, *, rm_type: str | None = None, custom: Callable[..., Any] | None = None,
-                 url: str | None = None, tokenizer: Any = None, transport: Any = None,
-                 timeout_s: float = 60.0, max_attempts: int = 3) -> None:
-        self.args = args
+    def __init__(self, cfg: DataConfig, *, seed: int, rm_type: str | None = None,
+                 custom: Callable[[Any], Any] | None = None, url: str | None = None, tokenizer: Any = None,
+                 transport: Any = None, timeout_s: float = 60.0, max_attempts: int = 3) -> None:
         self.tokenizer = tokenizer
-        self.group_rm = bool(getattr(args, "group_rm", False))
-        self.seed = int(getattr(args, "seed", 0))
-        path = getattr(args, "custom_rm_path", None)
-        self.custom = custom or (load_function(path, flag="--custom-rm-path") if path else None)
-        self.rm_type = rm_type or getattr(args, "rm_type", None) or ("custom" if self.custom else "math")
+        self.group_rm = cfg.group_rm
+        self.seed = seed
+        # --custom-rm-path, loaded and bound by vime.rollout.plugins: fn(sample), or fn(samples) with --group-rm
+        self.custom = custom
+        self.rm_type = rm_type or cfg.rm_type or ("custom" if self.custom else "math")
         if self.custom is None and self.rm_type not in RM_TYPES:
             raise ConfigError(f"--rm-type {self.rm_type!r} is unknown; use one of {', '.join(RM_TYPES)} or "
                               f"--custom-rm-path module.function")
-        self.url = url or getattr(args, "rm_url", None)
+        self.url = url or cfg.rm_url
         if self.custom is None and self.rm_type == "remote" and not self.url:
             raise ConfigError("--rm-type remote needs the reward server's URL (--rm-url http://host:port/path)")
         self._transport = transport
@@ -162,7 +164,7 @@ class RewardHub:
     async def score(self, sample: Any) -> float | dict[str, float]:
         """The reward of one finished sample."""
         if self.custom is not None:
-            return await _maybe_await(self.custom(self.args, sample))
+            return await _maybe_await(self.custom(sample))
         kind = self.rm_type
         if kind == "sim":
             return sim_reward(self.seed, sample.group_index, sample.index)
@@ -176,7 +178,7 @@ class RewardHub:
     async def score_group(self, samples: Sequence[Any]) -> list[Any]:
         """Rewards of one finished group (``--group-rm``); a custom function gets the whole group at once."""
         if self.custom is not None:
-            rewards = await _maybe_await(self.custom(self.args, list(samples)))
+            rewards = await _maybe_await(self.custom(list(samples)))
             if not isinstance(rewards, (list, tuple)) or len(rewards) != len(samples):
                 raise RewardError(f"--custom-rm-path with --group-rm must return one reward per sample "
                                   f"({len(samples)}), got {rewards!r:.80}")

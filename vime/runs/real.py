@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime.errors import ConfigError
-from vime.orchestrator import Orchestrator, RunReport, StartupReport, StepReport
-from vime.rollout.generate import Rollout
-from vime.rollout.rm_hub import RewardHub
+from vime.orchestrator import RunReport, StartupReport, StepReport
+from vime.runs.loop import build_orchestrator, build_rollout
 
 
 def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = None,
@@ -25,12 +24,11 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
 
     async def main() -> RunReport:
         async with real_session(args) as session:
-            reward = RewardHub(args, tokenizer=session.tokenizer)
-            rollout = Rollout(args, session.router, num_engines=len(session.engines), tokenizer=session.tokenizer,
-                              reward=reward)
-            orch = Orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,
-                                data_source=session.data_source, rollout=rollout,
-                                eval_sources=session.eval_sources, observers=[*session.observers, *observers])
+            rollout = build_rollout(args, session.router, num_engines=len(session.engines),
+                                    tokenizer=session.tokenizer)
+            orch = build_orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,
+                                      data_source=session.data_source, rollout=rollout,
+                                      eval_sources=session.eval_sources, observers=[*session.observers, *observers])
             return await orch.run(on_startup=on_startup, on_step=on_step)
 
     return asyncio.run(main())

@@ -17,8 +17,7 @@ from vime.errors import OutOfMemoryError
 from vime.orchestrator import Orchestrator, RunReport, StartupReport, StepReport
 from vime.protocols import StepObserver
 from vime.rollout.data_source import DataSource, EvalSet, SyntheticDataset, eval_sets_from_files
-from vime.rollout.generate import Rollout
-from vime.rollout.rm_hub import RewardHub
+from vime.runs.loop import build_orchestrator, build_rollout
 
 
 @dataclass
@@ -50,14 +49,15 @@ def sim_data_source(args: Any, backends: Any, *, seed_offset: int = 0,
     """The simulator's prompts: the ``--prompt-data`` dataset when given (its prompt lengths are what the
     engines are charged for; text prompts need the ``--hf-checkpoint`` tokenizer), else synthetic prompts
     with lengths from ``--prompt-length`` and token ids below the model's vocabulary."""
-    if getattr(args, "prompt_data", None):
+    if args.prompt_data:
         import os
 
         from vime.rollout.data_source import load_tokenizer
 
         # a tokenizer only from a local checkpoint: the simulator never downloads one
         local = bool(args.hf_checkpoint) and os.path.isdir(args.hf_checkpoint)
-        source = DataSource.from_args(args, tokenizer=load_tokenizer(args) if local else None)
+        source = DataSource.from_config(args.data, args.rollout, seed=args.seed,
+                                        tokenizer=load_tokenizer(args.hf_checkpoint) if local else None)
         if n_samples_per_prompt:
             source.n_samples_per_prompt = n_samples_per_prompt
         return source
@@ -86,23 +86,21 @@ def build_sim_orchestrator(args: Any, backends: Any, *, engines: Sequence[Any] |
     engines = list(engines if engines is not None else backends.engines)
     router = router if router is not None else backends.router
     trainer = trainer if trainer is not None else backends.trainer
-    reward = RewardHub(args, rm_type=getattr(args, "rm_type", None) or "sim")
-    rollout = Rollout(args, router, num_engines=len(engines), reward=reward, progress=progress)
-    return Orchestrator(args, engines=engines, router=router, trainer=trainer,
-                        data_source=data_source or sim_data_source(args, backends), rollout=rollout,
-                        observers=[backends.recorder, *observers], eval_sources=sim_eval_sets(args, backends))
+    rollout = build_rollout(args, router, num_engines=len(engines), rm_type=args.rm_type or "sim", progress=progress)
+    return build_orchestrator(args, engines=engines, router=router, trainer=trainer,
+                              data_source=data_source or sim_data_source(args, backends), rollout=rollout,
+                              observers=[backends.recorder, *observers], eval_sources=sim_eval_sets(args, backends))
 
 
 def sim_eval_sets(args: Any, backends: Any) -> dict[str, EvalSet]:
     """The ``--eval-prompt-data`` sets (each evaluated whole), or, with only ``--eval-interval``, one
     synthetic set named "synthetic" of --rollout-batch-size prompts."""
-    if not getattr(args, "eval_interval", None):
+    if not args.eval_interval:
         return {}
     n = int(args.n_samples_per_eval_prompt)
-    pairs = list(getattr(args, "eval_prompt_data", ()) or ())
-    if not pairs:
+    if not args.eval_prompt_data:
         return {"synthetic": EvalSet(sim_data_source(args, backends, seed_offset=1, n_samples_per_prompt=n))}
-    return eval_sets_from_files(args, pairs, tokenizer=None)
+    return eval_sets_from_files(args.data, args.train, max_prompt_len=args.rollout_max_prompt_len, tokenizer=None)
 
 
 def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | None = None,

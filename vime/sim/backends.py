@@ -125,12 +125,12 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
     total = max(actor_gpus, rollout_gpus) if colocate else actor_gpus + rollout_gpus
     cluster = SimCluster.create(env, hw, total)
 
-    response = getattr(args, "response_length", None)
+    response = args.response_length
     if response is None:
         from vime.config import default_response_spec
 
         response = default_response_spec(int(args.rollout_max_response_len))
-    lengths = LengthSampler(response, getattr(args, "prompt_length", None), seed=seed)
+    lengths = LengthSampler(response, args.prompt_length, seed=seed)
     settings = EngineSettings.from_args(args)
     if not colocate:
         # Disaggregated: weights reach the engines by NCCL broadcast, not CUDA IPC (seed step 3).
@@ -151,7 +151,8 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
                                  observer=cluster.recorder, record_events=record_events))
         placement[name] = ids
     router = SimRouter(engines, str(args.router_policy), seed=seed, recorder=cluster.recorder)
-    trainer = SimTrainer(args, mdl, cluster, seed=seed)
+    trainer = SimTrainer(args.cluster, args.parallel, args.algo, mdl, cluster, seed=seed,
+                         start_rollout_id=args.start_rollout_id)
     backends = SimBackends(env, engines, router, trainer, cluster.gpus, cluster.host, cluster.recorder, hw, mdl,
                            cluster=cluster, lengths=lengths, settings=settings, engine_gpus=placement,
                            colocate=colocate, offload_rollout=bool(args.offload_rollout))

@@ -86,9 +86,11 @@ def plan_placement(args: Any, *, use_gpus: bool, actor_num_cpus: float = 0.5) ->
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
-    """Join the cluster at `address`, or start a local Ray with this machine's resources.
+    """Join the cluster at `address` ("auto" finds a running one), or start a private local Ray.
 
-    Idempotent: an already-initialised Ray is kept (tests share one instance per session).
+    Without an address a fresh local instance is started even when another cluster runs on this
+    machine: joining whatever /tmp/ray/ray_current_cluster names would run on someone else's
+    cluster and make Ray refuse num_cpus. Idempotent: an initialised Ray is kept (tests share one).
     """
     import ray
 
@@ -97,7 +99,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    ray.init(num_cpus=num_cpus if num_cpus is not None else os.cpu_count(), num_gpus=num_gpus,
+    ray.init(address="local", num_cpus=num_cpus if num_cpus is not None else os.cpu_count(), num_gpus=num_gpus,
              include_dashboard=False, log_to_driver=True)
 
 

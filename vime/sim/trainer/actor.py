@@ -28,7 +28,7 @@ import asyncio
 import math
 import random
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vime.errors import ConfigError, TrainerError
 from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightBucket
@@ -37,16 +37,16 @@ from vime.sim.trainer.cost_model import ActorCostModel
 from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
 
 if TYPE_CHECKING:
+    from vime.config import AlgoConfig, ClusterConfig, ParallelConfig
     from vime.sim.models import ModelSpec, Recompute
     from vime.types import TrainBatch
 
 OWNER = "actor"
 
 
-def _pinned_mode(args: Any) -> PinnedMode:
+def _pinned_mode(backend: str) -> PinnedMode:
     """--train-offload-backend: vime's CuMem allocator keeps its pinned host buffers (allocated once);
     torch_memory_saver pins host memory anew on every pause (vllm-project/vime #442/#444)."""
-    backend = getattr(args, "train_offload_backend", "cumem")
     return "cold" if backend == "torch_memory_saver" else "persistent"
 
 
@@ -56,8 +56,8 @@ class SimTrainer(ActorCostModel):
     Construct, then ``await init()`` inside the simulation. ``pinned`` chooses how the offload
     buffers behave ("persistent": allocated once, vime's CuMem; "cold": torch_memory_saver,
     pinned again on every sleep). ``reuse_log_probs`` overrides the seed-step-38 decision
-    (None: ask `vime.algo.logprob_reuse`). ``recompute`` overrides
-    ``args.recompute_granularity`` (none / selective / full activation recomputation).
+    (None: ask `vime.algo.logprob_reuse`). ``recompute``: none / selective / full activation
+    recomputation. ``start_rollout_id`` is where a checkpoint made outside the simulation resumes.
 
     With ``use_kl_loss`` (or a non-zero ``kl_coef``) every train call also computes reference
     log-probs: the reference weights are swapped in from host memory over the params (slime keeps
@@ -66,19 +66,23 @@ class SimTrainer(ActorCostModel):
     Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
     """
 
-    def __init__(self, args: Any, model: ModelSpec, cluster: SimCluster, *, name: str = OWNER,
+    def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, algo: AlgoConfig, model: ModelSpec,
+                 cluster: SimCluster, *, seed: int, start_rollout_id: int = 0, name: str = OWNER,
                  pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
-                 recompute: Recompute | None = None, seed: int | None = None) -> None:
-        super().__init__(args, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
+                 recompute: Recompute = "none") -> None:
+        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
-        self.offload_train = bool(getattr(args, "offload_train", False))
+        self.offload_train = bool(placement.offload_train)
+        self.reference_model = algo.use_kl_loss or algo.kl_coef != 0.0
         self.reuse_log_probs = reuse_log_probs
-        self.seed = int(seed if seed is not None else getattr(args, "seed", 0))
+        self.seed = seed
+        self.start_rollout_id = start_rollout_id
         self.lifecycle = TrainerLifecycle(name)
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
-                                      pinned=pinned or _pinned_mode(args), recorder=cluster.recorder, env=cluster.env)
+                                      pinned=pinned or _pinned_mode(placement.train_offload_backend),
+                                      recorder=cluster.recorder, env=cluster.env)
         self.initialized = False
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
@@ -172,7 +176,7 @@ class SimTrainer(ActorCostModel):
 
     def needs_ref_log_probs(self) -> bool:
         """A KL term (loss or reward penalty) needs the reference model's log-probs."""
-        return bool(getattr(self.args, "use_kl_loss", False)) or float(getattr(self.args, "kl_coef", 0.0)) != 0.0
+        return self.reference_model
 
     async def _ref_log_probs(self, rollout_id: int, batch: TrainBatch) -> float:
         env = self.cluster.env
@@ -295,10 +299,10 @@ class SimTrainer(ActorCostModel):
 
     async def load_checkpoint(self, path: str) -> int:
         """Costs the read of a checkpoint; returns the rollout id to resume from: one after the one
-        this trainer saved at `path`, else ``args.start_rollout_id`` (a checkpoint made outside the simulation)."""
+        this trainer saved at `path`, else ``start_rollout_id`` (a checkpoint made outside the simulation)."""
         t0 = float(self.cluster.env.now)
         await elapse(self.cluster.env, self._checkpoint_seconds())
         self.cluster.recorder.span(self.name, "load_checkpoint", t0, float(self.cluster.env.now))
         if path in self._checkpoints:
             return self._checkpoints[path] + 1
-        return int(getattr(self.args, "start_rollout_id", 0) or 0)
+        return self.start_rollout_id

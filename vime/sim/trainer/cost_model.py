@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vime.errors import ConfigError
 from vime.sim.trainer.costs import (
@@ -26,6 +26,7 @@ from vime.sim.trainer.footprint import (
 from vime.sim.trainer.layout import Layout
 
 if TYPE_CHECKING:
+    from vime.config import ClusterConfig, ParallelConfig
     from vime.sim.hardware import HardwareSpec
     from vime.sim.models import ModelSpec, Recompute
 
@@ -33,33 +34,24 @@ if TYPE_CHECKING:
 Bucket = tuple[list[str], list[tuple[int, ...]], int]
 
 
-def _recompute_mode(args: Any) -> Recompute:
-    gran = getattr(args, "recompute_granularity", None)
-    if gran in (None, "", "none"):
-        return "none"
-    if gran not in ("selective", "full"):
-        raise ConfigError(f"--recompute-granularity {gran!r}: expected full or selective")
-    return gran  # type: ignore[no-any-return]
-
-
 class ActorCostModel:
     """What the actor group's state takes on each GPU and how long each part of its step lasts.
 
-    Pure: it depends on the arguments, the model, the hardware and the layout only, and changes
-    nothing. `SimTrainer` extends it with memory on the cluster's GPUs and the virtual clock.
-    ``recompute`` overrides ``args.recompute_granularity`` (none / selective / full).
+    Pure: it depends on the placement and parallel options, the model, the hardware and the layout
+    only, and changes nothing. `SimTrainer` extends it with memory on the cluster's GPUs and the
+    virtual clock. ``recompute``: none / selective / full activation recomputation.
     """
 
-    def __init__(self, args: Any, model: ModelSpec, hardware: HardwareSpec, num_gpus: int, *,
-                 recompute: Recompute | None = None) -> None:
-        self.args = args
+    def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, model: ModelSpec, hardware: HardwareSpec,
+                 num_gpus: int, *, recompute: Recompute = "none") -> None:
         self.model = model
         self.hw = hardware
-        self.layout = Layout.from_args(args, num_gpus)
-        self.recompute: Recompute = recompute if recompute is not None else _recompute_mode(args)
-        if self.recompute not in ("none", "selective", "full"):
-            raise ConfigError(f"recompute must be none, selective or full, got {self.recompute!r}")
-        self.distributed_optimizer = bool(getattr(args, "use_distributed_optimizer", True))
+        self.layout = Layout.of(placement, parallel, num_gpus)
+        self.nodes = placement.actor_num_nodes
+        if recompute not in ("none", "selective", "full"):
+            raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
+        self.recompute: Recompute = recompute
+        self.distributed_optimizer = parallel.use_distributed_optimizer
 
     # --- bytes -----------------------------------------------------------------------------------
     def params_per_gpu(self) -> list[int]:
@@ -192,5 +184,4 @@ class ActorCostModel:
         return nbytes / (lay.tp * lay.pp) / self.hw.h2d_bytes_per_s + self.hw.allgather_seconds(nbytes / lay.pp, lay.tp)
 
     def _checkpoint_seconds(self) -> float:
-        nodes = max(1, int(getattr(self.args, "actor_num_nodes", 1)))
-        return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * nodes)
+        return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * self.nodes)

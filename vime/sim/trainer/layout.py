@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vime.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vime.config import ClusterConfig, ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -44,14 +47,15 @@ class Layout:
         return [r for r in range(self.world) if self.coords(r)[2] == dp_rank]
 
     @classmethod
-    def from_args(cls, args: Any, num_gpus: int) -> Layout:
-        tp = int(args.tensor_model_parallel_size)
-        pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
-        cp = int(getattr(args, "context_parallel_size", 1) or 1)
-        world = int(args.actor_num_nodes) * int(args.actor_num_gpus_per_node)
+    def of(cls, placement: ClusterConfig, parallel: ParallelConfig, num_gpus: int) -> Layout:
+        """The trainer's ranks from ``--actor-num-nodes/--actor-num-gpus-per-node`` and the parallel sizes."""
+        tp = parallel.tensor_model_parallel_size
+        pp = parallel.pipeline_model_parallel_size
+        cp = parallel.context_parallel_size
+        world = placement.actor_num_nodes * placement.actor_num_gpus_per_node
         if world % (tp * pp * cp):
             raise ConfigError(f"actor GPUs {world} (--actor-num-nodes × --actor-num-gpus-per-node) is not a "
                               f"multiple of TP×PP×CP = {tp}×{pp}×{cp}; change the parallel sizes")
         if world > num_gpus:
             raise ConfigError(f"the trainer needs {world} GPUs but the simulated cluster has {num_gpus}")
-        return cls(tp, pp, cp, world // (tp * pp * cp), tuple(range(world)), int(args.actor_num_gpus_per_node))
+        return cls(tp, pp, cp, world // (tp * pp * cp), tuple(range(world)), placement.actor_num_gpus_per_node)
