@@ -191,7 +191,7 @@ class EngineCore:
                         yield env.timeout(rest)
                         if self.stopped:
                             return
-                sched.advance_decode(k, phase.elapsed(k))
+                sched.advance_decode(k, total if k == phase.k else phase.elapsed(k))
                 continue
             dt = sched.plan_iteration()
             if dt is None:

@@ -24,6 +24,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from vime.errors import SimulationError
@@ -136,6 +137,7 @@ class Scheduler:
         self._sum_coff = 0
         self.used_blocks = 0
         self.first_step = False  # the next explicit iteration starts a busy period
+        self._phase_cum: list[int] = []  # _slack_cum() of the phase plan_phase returned
         self._pending: tuple[int, list[tuple[Request, int]]] = (0, [])
         self._pending_dt = 0.0
         self._pending_blocks = 0
@@ -264,17 +266,10 @@ class Scheduler:
 
     def _slack_cum(self) -> list[int]:
         """cum[r] = decoding requests whose next new block is needed within r iterations (0-based)."""
-        bs = self.block_size
-        tick = self.tick
-        counts = [0] * bs
-        for m, h in enumerate(self._hist):
-            if h:
-                counts[(-(m + tick)) % bs] += h
-        cum, acc = [], 0
-        for c in counts:
-            acc += c
-            cum.append(acc)
-        return cum
+        # A request with coff ≡ m needs its next block in (−(m + tick)) mod bs iterations, so the
+        # counts by r are the histogram read backwards from s = (−tick) mod bs.
+        hist, s = self._hist, -self.tick % self.block_size
+        return list(accumulate(hist[s::-1] + hist[:s:-1]))
 
     # --- lockstep decode phases ---------------------------------------------------------------
     def plan_phase(self) -> _Phase | None:
@@ -296,6 +291,7 @@ class Scheduler:
         k = _feasible_iterations(n, cum, free, self.block_size, k_done)
         if k == 0:
             return None  # the next iteration must preempt
+        self._phase_cum = cum  # nothing changes the decoding set before advance_decode
         c, m0, m1, f0, f1 = self.cost.decode_lines(n, self._sum_coff + n * (self.tick + 1))
         return _Phase(k, c, m0, m1, f0, f1, self.cost.host(n))
 
@@ -303,8 +299,7 @@ class Scheduler:
         """Commit the first k iterations of the phase just planned, which took dt seconds."""
         n = len(self.decode)
         bs = self.block_size
-        cum = self._slack_cum()
-        new_blocks = n * ((k - 1) // bs) + cum[(k - 1) % bs]
+        new_blocks = n * ((k - 1) // bs) + self._phase_cum[(k - 1) % bs]
         self.used_blocks += new_blocks
         stats = self.stats
         stats.kv_blocks_peak = max(stats.kv_blocks_peak, self.used_blocks)
@@ -371,6 +366,7 @@ class Scheduler:
     def commit_iteration(self) -> None:
         """The planned iteration ran: its chunks are computed, finished prompts start decoding."""
         n_dec, chunks = self._pending
+        self._pending = (0, [])  # hold no request past its iteration (its response would stay alive)
         stats = self.stats
         self.used_blocks += self._pending_blocks
         stats.kv_blocks_peak = max(stats.kv_blocks_peak, self.used_blocks)
