@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import math
 import random
 from collections import deque
@@ -14,7 +15,7 @@ import pytest
 import simpy
 
 from vime.errors import ConfigError, EngineError, LifecycleError
-from vime.protocols import GenerateRequest, WeightBucket
+from vime.protocols import GenerateRequest, GenerateResult, WeightBucket
 from vime.sim import clock
 from vime.sim.engine import (
     EngineSettings,
@@ -782,3 +783,15 @@ def test_ignore_eos_runs_to_max_tokens() -> None:
 
     r = clock.run(main(), env=e.env)
     assert (r.completion_tokens, r.finish_reason) == (77, "length")
+
+
+def test_answered_requests_are_not_kept_by_the_engine() -> None:
+    """Once answered, a request and its response belong to the caller: the scheduler holds neither."""
+    e = make_engine(spec="fixed:32", name="forgetful")
+
+    async def main() -> int:
+        return len(await asyncio.gather(*(e.generate(req(100, 64, f"r{i}")) for i in range(8))))
+
+    assert clock.run(main(), env=e.env) == 8
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, GenerateResult) and o.engine == "forgetful"]
