@@ -794,4 +794,4 @@ def test_answered_requests_are_not_kept_by_the_engine() -> None:
 
     assert clock.run(main(), env=e.env) == 8
     gc.collect()
-    assert not [o for o in gc.get_objects() if isinstance(o, GenerateResult) and o.engine == "forgetful"]
+    assert not [o for o in gc.get_objects() if type(o) is GenerateResult and o.engine == "forgetful"]
