@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import math
 import random
 from collections import deque
@@ -14,20 +15,21 @@ import pytest
 import simpy
 
 from vime.errors import ConfigError, EngineError, LifecycleError
-from vime.protocols import GenerateRequest, WeightBucket
+from vime.protocols import GenerateRequest, GenerateResult, WeightBucket
 from vime.sim import clock
 from vime.sim.engine import (
     EngineSettings,
     IterationModel,
     SimEngine,
-    _feasible_iterations,
     activation_peak_bytes,
+    engine_allocator,
     plan_kv_cache,
     sum_max_lines,
 )
+from vime.sim.engine.scheduler import _feasible_iterations
 from vime.sim.hardware import load_hardware
 from vime.sim.lengths import LengthSampler
-from vime.sim.memory import SimAllocator, SimCluster
+from vime.sim.memory import SimAllocator, SimCluster, SimGPU
 
 MiB = 1024**2
 GiB = 1024**3
@@ -46,8 +48,14 @@ def make_engine(*, model: str = "Qwen3-4B", tp: int = 2, spec: Any = "fixed:64",
         st = dataclasses.replace(st, gpu_memory_utilization=1.0)
         fixed = m.weight_bytes(tp) + activation_peak_bytes(m, st) + st.cuda_graph_bytes + hw.cuda_context_bytes
         hw = dataclasses.replace(hw, memory_bytes=fixed + kv_blocks * st.block_size * m.kv_bytes_per_token(tp))
-    return SimEngine(name, env or simpy.Environment(), hw, m, st, LengthSampler(spec, seed=seed), seed=seed,
-                     record_events=record_events)
+    env = env or simpy.Environment()
+    return SimEngine(name, env, hw, m, st, LengthSampler(spec, seed=seed), seed=seed,
+                     allocator=one_gpu_allocator(name, env, hw), record_events=record_events)
+
+
+def one_gpu_allocator(name: str, env: simpy.Environment, hw: Any) -> SimAllocator:
+    """An engine's allocator on one simulated GPU: the ranks of a TP group work in parallel, so one stands for all."""
+    return engine_allocator(name, [SimGPU(0, hw.memory_bytes, env=env)], hw, env=env)
 
 
 def req(prompt: int, max_tokens: int, rid: str) -> GenerateRequest:
@@ -462,15 +470,13 @@ def test_abort_requests_ends_everything() -> None:
 
 
 def _engine_with_allocator() -> tuple[SimEngine, SimCluster]:
-    from vime.protocols import ENGINE_TAGS
-    from vime.sim.engine import NON_DEFERRABLE
     from vime.sim.models import load_model
 
     env = simpy.Environment()
     hw = load_hardware("H100-SXM-80G")
     cluster = SimCluster.create(env, hw, 2)
-    alloc = SimAllocator("engine0", cluster.gpus, hw, host=cluster.host, known_tags=ENGINE_TAGS,
-                         non_deferrable=NON_DEFERRABLE, pinned="cold", recorder=cluster.recorder, env=env)
+    alloc = engine_allocator("engine0", cluster.gpus, hw, host=cluster.host, recorder=cluster.recorder, env=env,
+                             pinned="cold")
     e = SimEngine("engine0", env, hw, load_model("Qwen3-4B"), EngineSettings(tp=2), LengthSampler("fixed:32"),
                   allocator=alloc)
     return e, cluster
@@ -777,3 +783,15 @@ def test_ignore_eos_runs_to_max_tokens() -> None:
 
     r = clock.run(main(), env=e.env)
     assert (r.completion_tokens, r.finish_reason) == (77, "length")
+
+
+def test_answered_requests_are_not_kept_by_the_engine() -> None:
+    """Once answered, a request and its response belong to the caller: the scheduler holds neither."""
+    e = make_engine(spec="fixed:32", name="forgetful")
+
+    async def main() -> int:
+        return len(await asyncio.gather(*(e.generate(req(100, 64, f"r{i}")) for i in range(8))))
+
+    assert clock.run(main(), env=e.env) == 8
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is GenerateResult and o.engine == "forgetful"]

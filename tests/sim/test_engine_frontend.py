@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import simpy
-from test_engine import make_engine, req
+from test_engine import make_engine, one_gpu_allocator, req
 
 from vime.errors import ConfigError, EngineError
 from vime.sim import clock
@@ -103,7 +103,9 @@ def test_default_overhead_reproduces_the_measured_lone_request():
     medians = [_load(n)["phases"]["frontend"]["summary"]["gen1_s"]["median"] for n in FRONTEND_RUNS]
     hw, model = load_hardware("H200-141G-measured"), load_model("Qwen3-4B")
     settings = EngineSettings(max_model_len=20480, gpu_memory_utilization=0.6)
-    e = SimEngine("e", simpy.Environment(), hw, model, settings, LengthSampler("fixed:1", seed=0), seed=0)
+    env = simpy.Environment()
+    e = SimEngine("e", env, hw, model, settings, LengthSampler("fixed:1", seed=0), seed=0,
+                  allocator=one_gpu_allocator("e", env, hw))
     took = _lone(e, 16, 1)
     assert abs(took - statistics.median(medians)) / statistics.median(medians) < 0.10
     # more than half of a lone short request is the front end, not the engine

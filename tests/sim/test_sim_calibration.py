@@ -18,7 +18,15 @@ import simpy
 from vime.errors import ConfigError
 from vime.protocols import TAG_KV_CACHE, TAG_WEIGHTS, WeightBucket
 from vime.sim import clock
-from vime.sim.engine import EngineSettings, IterationModel, SimEngine, _Phase, sum_max_lines, sum_max_of_lines
+from vime.sim.engine import (
+    EngineSettings,
+    IterationModel,
+    SimEngine,
+    engine_allocator,
+    sum_max_lines,
+    sum_max_of_lines,
+)
+from vime.sim.engine.costs import _Phase
 from vime.sim.hardware import HardwareSpec, Software, load_hardware
 from vime.sim.lengths import LengthSampler
 from vime.sim.memory import GiB, SimAllocator, SimCluster
@@ -175,7 +183,7 @@ def test_first_step_after_idle_pays_host_and_gpu():
     """A lone prefill on an idle vLLM: nothing hides its CPU step (8192 tokens: 140 ms measured)."""
     env = simpy.Environment()
     e = SimEngine("e", env, MEASURED, QWEN3_4B, EngineSettings(max_model_len=20480, gpu_memory_utilization=0.6),
-                  LengthSampler("fixed:1", seed=0), seed=0)
+                  LengthSampler("fixed:1", seed=0), seed=0, allocator=_one_gpu(env))
     from vime.protocols import GenerateRequest
     done: list[float] = []
 
@@ -234,7 +242,7 @@ def test_engine_decode_runs_match_vllm_within_10_percent():
         settings = EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192,
                                   gpu_memory_utilization=0.6)
         e = SimEngine("e", env, MEASURED, QWEN3_4B, settings, LengthSampler(f"fixed:{r['max_tokens']}", seed=0),
-                      seed=0)
+                      seed=0, allocator=_one_gpu(env))
         from vime.protocols import GenerateRequest
 
         async def main(e: SimEngine = e, r: dict = r) -> float:
@@ -270,24 +278,22 @@ def _sleep_cycles(engine: SimEngine, level: int, cycles: int) -> list[tuple[floa
     return out
 
 
-def _vllm_engine(with_allocator: bool) -> SimEngine:
+def _one_gpu(env: simpy.Environment) -> SimAllocator:
+    """The engine's allocator on one measured GPU (with a host pool, so pinned bytes are accounted)."""
+    cl = SimCluster.create(env, MEASURED, 1)
+    return engine_allocator("e", cl.gpus, MEASURED, host=cl.host, env=env)
+
+
+def _vllm_engine() -> SimEngine:
     env = simpy.Environment()
     settings = EngineSettings(max_model_len=20480, gpu_memory_utilization=0.6)
-    allocator = None
-    if with_allocator:
-        from vime.protocols import ENGINE_TAGS
-        from vime.sim.engine import NON_DEFERRABLE
-        cl = SimCluster.create(env, MEASURED, 1)
-        allocator = SimAllocator("e", cl.gpus, MEASURED, host=cl.host, known_tags=ENGINE_TAGS,
-                                 non_deferrable=NON_DEFERRABLE, pinned="persistent", env=env)
     return SimEngine("e", env, MEASURED, QWEN3_4B, settings, LengthSampler("fixed:8", seed=0), seed=0,
-                     allocator=allocator)
+                     allocator=_one_gpu(env))
 
 
-@pytest.mark.parametrize("with_allocator", [False, True])
-def test_engine_pins_host_memory_on_the_first_sleep_only(with_allocator):
+def test_engine_pins_host_memory_on_the_first_sleep_only():
     """vLLM 0.25.1: level-1 sleep 4.21 s the first time, 0.26 s later (PyTorch's caching host allocator)."""
-    e = _vllm_engine(with_allocator)
+    e = _vllm_engine()
     times = _sleep_cycles(e, 1, 3)
     first, later = times[0][0], [t for t, _ in times[1:]]
     assert later[0] == pytest.approx(later[1])
@@ -307,7 +313,7 @@ def test_engine_pins_host_memory_on_the_first_sleep_only(with_allocator):
 
 def test_engine_sleep_and_wake_pay_a_fixed_call_cost():
     """Level-2 sleep copies (almost) nothing yet took 0.07-0.10 s; waking only the KV cache 0.11-0.12 s."""
-    e = _vllm_engine(False)
+    e = _vllm_engine()
     _sleep_cycles(e, 1, 1)  # the pinned pool exists from here on, as in the measured run (L1 cycles first)
     s, kv = e.settings, e.kv
     # vime's level 2 still offloads the runtime and CUDA-graph tags (vime.protocols.sleep_offload_tags)
@@ -328,14 +334,14 @@ def test_engine_sleep_and_wake_pay_a_fixed_call_cost():
     assert min(l2) * 0.9 <= out[0] <= max(l2) * 1.15
     kv_wake = statistics.median(r["wake_kv_s"] for r in VLLM["phases"]["sleep_l1"])
     weights_wake = statistics.median(r["wake_weights_s"] for r in VLLM["phases"]["sleep_l1"])
-    pred = _sleep_cycles(_vllm_engine(False), 1, 2)[1][1]  # weights + KV wake of a later cycle
+    pred = _sleep_cycles(_vllm_engine(), 1, 2)[1][1]  # weights + KV wake of a later cycle
     # the two wakes together within 20 % (the weights' copy-back alone is slower than the link: see the notes)
     assert _err(pred, weights_wake + kv_wake) < 0.20
 
 
 def test_weight_backup_and_restore_pay_per_tensor():
     """vLLM's CuMem allocator copies allocation by allocation: only offloaded (copied) weights pay per tensor."""
-    e = _vllm_engine(False)
+    e = _vllm_engine()
     (first_sleep, _), (later_sleep, later_wake) = _sleep_cycles(e, 1, 2)
     s, kv, hw = e.settings, e.kv, MEASURED
     tensors = len(QWEN3_4B.hf_weight_shapes())
@@ -353,7 +359,7 @@ def test_weight_backup_and_restore_pay_per_tensor():
     weights_wake = later_wake - (s.http_rtt_s + kv_part / GiB * hw.vmm.create_map_s_per_gib + s.wake_call_s)
     assert _err(weights_wake, measured) < 0.10
     # a level-2 sleep discards the weights: no per-tensor term
-    e2 = _vllm_engine(False)
+    e2 = _vllm_engine()
     _sleep_cycles(e2, 1, 1)
     out: list[float] = []
 
@@ -372,7 +378,7 @@ def test_weight_backup_and_restore_pay_per_tensor():
 
 
 def test_ipc_bucket_cost_matches_the_measured_per_bucket_time():
-    e = _vllm_engine(False)
+    e = _vllm_engine()
     sizes = VLLM["buckets"]["sizes"]
     per_bucket = [e.bucket_seconds(WeightBucket([f"t{j}" for j in range(25)], ["bfloat16"] * 25, [[1]] * 25, n,
                                                 index=i)) for i, n in enumerate(sizes)]

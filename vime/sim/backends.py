@@ -24,12 +24,12 @@ from typing import Any
 import simpy
 
 from vime.errors import SimulationError
-from vime.protocols import ENGINE_TAGS, STARTUP_SLEEP_LEVEL
+from vime.protocols import STARTUP_SLEEP_LEVEL
 from vime.report.recorder import Recorder
-from vime.sim.engine import NON_DEFERRABLE, EngineSettings, SimEngine
+from vime.sim.engine import EngineSettings, SimEngine, engine_allocator
 from vime.sim.hardware import HardwareSpec, load_hardware
 from vime.sim.lengths import LengthSampler
-from vime.sim.memory import SimAllocator, SimCluster, SimGPU, SimHost
+from vime.sim.memory import SimCluster, SimGPU, SimHost
 from vime.sim.models import ModelSpec, load_model
 from vime.sim.router import SimRouter
 from vime.sim.trainer import SimTrainer
@@ -141,12 +141,8 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
     for k in range(rollout_gpus // per_engine):
         name = f"engine{k}"
         ids = list(range(first + k * per_engine, first + (k + 1) * per_engine))
-        allocator = SimAllocator(name, [cluster.gpus[i] for i in ids], hw, host=cluster.host,
-                                 known_tags=ENGINE_TAGS, non_deferrable=NON_DEFERRABLE,
-                                 # vLLM's CPU backup goes through PyTorch's caching host allocator, which
-                                 # keeps the pinned blocks after wake: only the first sleep pins (H200, issue 10).
-                                 pinned="persistent",
-                                 recorder=cluster.recorder, env=env)
+        allocator = engine_allocator(name, [cluster.gpus[i] for i in ids], hw, host=cluster.host,
+                                     recorder=cluster.recorder, env=env)
         engines.append(SimEngine(name, env, hw, mdl, settings, lengths, seed=seed, allocator=allocator,
                                  observer=cluster.recorder, record_events=record_events))
         placement[name] = ids

@@ -1,0 +1,196 @@
+"""The execution cost of one engine in closed form: iteration time from a roofline, lockstep decode phases, weight buckets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vime.protocols import WeightBucket
+    from vime.sim.engine.settings import EngineSettings
+    from vime.sim.hardware import HardwareSpec
+    from vime.sim.models import ModelSpec
+
+
+def _line_sum(a0: float, a1: float, p: int, q: int) -> float:
+    """Σ_{j=p}^{q-1} (a0 + a1·j)."""
+    if q <= p:
+        return 0.0
+    return a0 * (q - p) + a1 * (q * (q - 1) - p * (p - 1)) / 2.0
+
+
+def sum_max_lines(m0: float, m1: float, f0: float, f1: float, k: int) -> float:
+    """Σ_{j=0}^{k-1} max(m0 + m1·j, f0 + f1·j), exactly, in O(1)."""
+    if k <= 0:
+        return 0.0
+    g0, g1 = m0 - f0, m1 - f1  # m − f at j
+    if g1 == 0:
+        return _line_sum(m0, m1, 0, k) if g0 >= 0 else _line_sum(f0, f1, 0, k)
+    cross = -g0 / g1
+    if g1 > 0:  # f leads first, m from the crossing on
+        s = min(k, max(0, math.ceil(cross)))
+        return _line_sum(f0, f1, 0, s) + _line_sum(m0, m1, s, k)
+    s = min(k, max(0, math.floor(cross) + 1))  # m leads first
+    return _line_sum(m0, m1, 0, s) + _line_sum(f0, f1, s, k)
+
+
+@dataclass(frozen=True)
+class IterationModel:
+    """Per-iteration time of one engine (per GPU of its TP group, all ranks in lockstep).
+
+    GPU time = overhead (+ eager launch cost past the CUDA-graph sizes) + all-reduce(tokens)
+    + max(weights / weight rate + KV bytes read / KV rate, FLOPs / (TP · prefill FLOP/s)),
+    KV bytes = kv_bytes_per_token · (context tokens read), and FLOPs = the body for
+    every computed token, the output head once per scheduled request (vLLM computes logits only
+    at each request's last position, so a prefill chunk pays it once, not per prompt token) and
+    the attention, linear in the attended context.
+
+    The iteration takes max(GPU time, host time), host time = host_s + host_per_seq_s · requests:
+    vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
+    GPU executes (async scheduling), so it only shows when it is the longer one — at large
+    batches (issue 10; bench/data/h200_notes.md).
+    """
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    bytes_per_s: float  # KV reads (and the weights unless weight_bytes_per_s is set)
+    flops_per_s: float  # per GPU, effective
+    flops_base: float  # per token, whole model, without attention and without the output head
+    flops_per_ctx: float  # per token per attended context token, whole model
+    tp: int
+    overhead_s: float  # GPU-serial per iteration (launches), added to the GPU time
+    allreduce_per_token_s: float
+    allreduce_latency_s: float
+    flops_head: float = 0.0  # per sampled position (one per scheduled request), whole model
+    host_s: float = 0.0  # CPU work per step, overlapped with the GPU
+    host_per_seq_s: float = 0.0  # + per scheduled request
+    weight_bytes_per_s: float = 0.0  # weights streamed per step (0: bytes_per_s)
+    eager_s: float = 0.0  # launch cost of an iteration past the CUDA graphs
+    graph_max_tokens: int = 512
+
+    @classmethod
+    def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
+        tp = settings.tp
+        base = model.flops_per_token(0, lm_head=False)
+        per_ctx = (model.flops_per_token(4096, lm_head=False) - base) / 4096.0
+        # Two all-reduces per layer (after attention and after the MLP) of hidden-size bf16 activations.
+        ar_bytes = 2 * model.num_layers * model.hidden_size * model.dtype_bytes
+        lat = 2 * model.num_layers * settings.allreduce_latency_s if tp > 1 else 0.0
+        eff = hardware.efficiency
+        # TP > 1: the workers prepare their inputs in their own processes (Efficiency.host_step_tp_scale)
+        host_scale = eff.host_step_tp_scale if tp > 1 else 1.0
+        return cls(float(model.weight_bytes(tp)), float(model.kv_bytes_per_token(tp)),
+                   hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
+                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0), lat,
+                   model.lm_head_flops_per_token(), eff.host_step_s * host_scale, eff.host_step_per_seq_s * host_scale,
+                   hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens)
+
+    def host(self, seqs: int) -> float:
+        """The engine's CPU time of one step with `seqs` scheduled requests."""
+        return self.host_s + self.host_per_seq_s * seqs
+
+    def fixed(self, tokens: int) -> float:
+        eager = self.eager_s if tokens > self.graph_max_tokens else 0.0
+        return self.overhead_s + eager + self.allreduce_latency_s + self.allreduce_per_token_s * tokens
+
+    def _weights_s(self) -> float:
+        return self.weight_bytes / (self.weight_bytes_per_s or self.bytes_per_s)
+
+    def gpu_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
+        """The GPU's part of an iteration (what a bare PyTorch forward of the same shapes takes)."""
+        seqs = tokens if seqs is None else seqs
+        mem = self._weights_s() + self.kv_bytes_per_token * kv_read_tokens / self.bytes_per_s
+        comp = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) \
+            / self.tp / self.flops_per_s
+        return self.fixed(tokens) + max(mem, comp)
+
+    def time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
+        """One iteration computing `tokens` tokens of `seqs` requests (None: one token each, decode),
+        reading `kv_read_tokens` of KV, attending `attn_ctx` in total."""
+        seqs = tokens if seqs is None else seqs
+        return max(self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs), self.host(seqs))
+
+    def first_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
+        """The first iteration after the engine was idle: no earlier GPU step hides its CPU part, so
+        host + GPU (a lone prefill on the H200, bench/data/h200_vllm_0.25.1*.json)."""
+        seqs = tokens if seqs is None else seqs
+        return self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs) + self.host(seqs)
+
+    def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
+        """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
+        to ctx0 at j = 0 (the host floor is `host(n)`)."""
+        m0 = self._weights_s() + self.kv_bytes_per_token * ctx0 / self.bytes_per_s
+        m1 = self.kv_bytes_per_token * n / self.bytes_per_s
+        scale = 1.0 / (self.tp * self.flops_per_s)
+        f0 = ((self.flops_base + self.flops_head) * n + self.flops_per_ctx * ctx0) * scale
+        f1 = self.flops_per_ctx * n * scale
+        return self.fixed(n), m0, m1, f0, f1
+
+
+def sum_max_of_lines(lines: Sequence[tuple[float, float]], k: int) -> float:
+    """Σ_{j=0}^{k-1} max_i (a_i + b_i·j), exactly: split [0, k) where two lines cross, one line leads in each piece."""
+    if k <= 0:
+        return 0.0
+    cuts = {0, k}
+    for i, (a0, a1) in enumerate(lines):
+        for b0, b1 in lines[i + 1:]:
+            if a1 != b1:
+                x = (b0 - a0) / (a1 - b1)
+                if 0 < x < k:
+                    cuts.add(math.ceil(x))
+    edges = sorted(cuts)
+    total = 0.0
+    for p, q in zip(edges, edges[1:], strict=False):
+        if q <= p:
+            continue
+        mid = (p + q - 1) / 2.0  # no crossing strictly inside [p, q-1]: the leader at the middle leads throughout
+        a0, a1 = max(lines, key=lambda ln: ln[0] + ln[1] * mid)
+        total += _line_sum(a0, a1, p, q)
+    return total
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """K lockstep decode iterations; `elapsed(k)` is the time of the first k."""
+
+    k: int
+    c: float
+    m0: float
+    m1: float
+    f0: float
+    f1: float
+    host: float = 0.0  # the CPU floor of every iteration (IterationModel.host)
+
+    def elapsed(self, k: int) -> float:
+        if self.host <= 0.0:
+            return self.c * k + sum_max_lines(self.m0, self.m1, self.f0, self.f1, k)
+        return sum_max_of_lines(((self.c + self.m0, self.m1), (self.c + self.f0, self.f1), (self.host, 0.0)), k)
+
+    def done_by(self, t: float) -> int:
+        """Largest k ≤ K with elapsed(k) ≤ t (binary search on the closed form)."""
+        lo, hi = 0, self.k
+        tol = 1e-12 * max(1.0, abs(t))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.elapsed(mid) <= t + tol:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def bucket_seconds(settings: EngineSettings, hardware: HardwareSpec, bucket: WeightBucket) -> float:
+    """One POST /update_weights (seed steps 48–50): HTTP + handle open + per-tensor dispatch + transfer + load.
+
+    Every TP rank receives the whole bucket — over CUDA IPC from the trainer's buffer on the
+    same GPU (colocated: read at the device-to-device rate) or by NCCL broadcast
+    (`weight_transfer_bytes_per_s`) — and writes its 1/TP shard into its parameters at the
+    device rate; the ranks work in parallel.
+    """
+    s = settings
+    device = hardware.decode_bytes_per_s
+    transfer = bucket.nbytes / (s.weight_transfer_bytes_per_s or device)
+    load = bucket.nbytes / s.tp / device
+    return s.http_rtt_s + s.ipc_open_s + s.load_per_tensor_s * len(bucket.names) + transfer + load

@@ -1,0 +1,107 @@
+"""The server arguments of one simulated vLLM engine and the control-plane costs the simulator cannot derive."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from vime.errors import ConfigError
+
+MiB = 1024**2
+
+#: vLLM's default KV block size (tokens per block).
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Server arguments of one engine (seed step 2) and the costs the simulator cannot derive.
+
+    Measured costs name their source: the vLLM 0.25.1 runs on the H200 (bench/data/h200_vllm_0.25.1*.json,
+    summarised in bench/data/h200_notes.md); the others are estimates until calibration replaces them.
+    """
+
+    tp: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    block_size: int = BLOCK_SIZE
+    #: CUDA graphs for decode batch sizes up to 512 (vLLM logs ~0.3–1 GiB per GPU for 1–14B models); estimate.
+    cuda_graph_bytes: int = 512 * MiB
+    #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
+    #: kernel and pay `Efficiency.eager_iteration_s` (vLLM's default capture sizes end at 512).
+    cuda_graph_max_tokens: int = 512
+    #: Latency of one NCCL/custom all-reduce on NVLink (small messages); estimate.
+    allreduce_latency_s: float = 8e-6
+    #: One HTTP control round trip (pause, resume, sleep/wake request, weight-update call); estimate.
+    http_rtt_s: float = 0.002
+    #: Fixed latency of every generate outside the engine's iterations (API server, engine-core IPC,
+    #: vime's client), paid half on the way in and half on the way out, so concurrent requests still
+    #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step.
+    request_overhead_s: float = 0.0113
+    #: Per weight bucket: opening the CUDA IPC handles on every rank and vLLM's work around
+    #: load_weights (H200: 10–22 ms per bucket, ~13 ms without the transfer).
+    ipc_open_s: float = 0.013
+    #: Engine-side cost of one sleep call beyond copies and unmaps (collective RPC, gc + empty_cache):
+    #: a level-2 sleep took 0.07–0.10 s on the H200, ~0.03 s of it unmapping.
+    sleep_call_s: float = 0.05
+    #: Engine-side cost of one wake_up call that maps something: waking the KV cache took 0.11–0.12 s
+    #: on the H200, ~0.012 s of it mapping.
+    wake_call_s: float = 0.1
+    #: vLLM's CuMem allocator backs up and restores allocation by allocation (one weight tensor each):
+    #: per copied tensor beyond the bytes at the host-link rate (H200, Qwen3-4B, 399 tensors).
+    #: Only offloaded weights pay it: a level-2 sleep, which copies nothing, measured no such term.
+    sleep_per_tensor_s: float = 80e-6
+    wake_per_tensor_s: float = 180e-6
+    #: Extra cost of a server process's first weight-update session (the IPC transfer setup on first
+    #: use; `restart()` brings it back): the median over three H200 runs of cycle 0 minus the later ones.
+    first_update_s: float = 0.0192
+    #: Engine-side cost of opening and of closing a weight-update session beyond the HTTP round trip
+    #: (a collective RPC to the workers each): H200 medians 15.4 and 9.3 ms minus http_rtt_s.
+    start_update_call_s: float = 0.0134
+    finish_update_call_s: float = 0.0073
+    #: Per tensor in a bucket: vLLM's load_weights Python dispatch; estimate.
+    load_per_tensor_s: float = 20e-6
+    #: Bytes/s a TP rank reads weights from the trainer's buffer and writes its shard: None =
+    #: device-to-device (HBM × decode_bw_util; CUDA IPC on the same GPU, colocated); set it to a
+    #: network rate for NCCL weight transfer between separate GPUs.
+    weight_transfer_bytes_per_s: float | None = None
+    #: reset_prefix_cache on the server (block pool reset); estimate.
+    flush_cache_s: float = 0.001
+    #: Time a failed server takes to come back (process start, weights load, graph capture); estimate.
+    restart_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ConfigError(f"engine TP size must be ≥ 1, got {self.tp}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"--max-num-seqs must be ≥ 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses this too: a decode step of max_num_seqs requests would not fit the budget.
+            raise ConfigError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be ≥ "
+                              f"--max-num-seqs ({self.max_num_seqs}); raise it or lower --max-num-seqs")
+        if self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
+        if self.block_size < 1:
+            raise ConfigError(f"block size must be ≥ 1, got {self.block_size}")
+        for name in ("request_overhead_s", "first_update_s", "start_update_call_s", "finish_update_call_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")
+
+    @classmethod
+    def from_args(cls, args: Any, **overrides: Any) -> EngineSettings:
+        """Settings from a `vime.config.Args` (slime names: rollout_num_gpus_per_engine, ...)."""
+        values: dict[str, Any] = dict(
+            tp=int(args.rollout_num_gpus_per_engine),
+            gpu_memory_utilization=float(args.gpu_memory_utilization),
+            max_num_seqs=int(args.max_num_seqs),
+            max_num_batched_tokens=int(args.max_num_batched_tokens),
+            max_model_len=int(args.rollout_max_context_len),
+        )
+        values.update(overrides)
+        return cls(**values)
