@@ -975,7 +975,8 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
     give the same profile.
     """
     env = raw.get("env", {})
-    prof = json.loads(json.dumps(base)) if base else {
+    # a datasheet base carries driver costs from a measured preset: start from its resolved values
+    prof = json.loads(json.dumps(_sim()[1].resolve_carry(base, "--base"))) if base else {
         "name": name, "memory_bytes": env.get("memory_bytes", 0), "bf16_flops": 0, "hbm_bytes_per_s": 0,
         "nvlink_bytes_per_s": 0, "host_link_h2d_bytes_per_s": 0, "host_link_d2h_bytes_per_s": 0,
         "cuda_context_bytes": 512 * MIB}

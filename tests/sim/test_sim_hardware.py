@@ -48,11 +48,11 @@ def test_effective_rates_are_peak_times_efficiency():
     assert hw.d2h_bytes_per_s == hw.host_link_d2h_bytes_per_s * hw.efficiency.host_copy_util
     assert hw.decode_bytes_per_s == hw.hbm_bytes_per_s * hw.efficiency.decode_bw_util
     # ring all-reduce moves 2(g-1)/g of the buffer; a group of one costs nothing
-    assert hw.allreduce_seconds(1e9, 2) == pytest.approx(1e9 / hw.allreduce_bytes_per_s)
+    assert hw.allreduce_seconds(1e9, 2, calls=0) == pytest.approx(1e9 / hw.allreduce_bytes_per_s)
     assert hw.allreduce_seconds(1e9, 1) == 0.0
-    assert hw.allgather_seconds(1e9, 4) == pytest.approx(0.75e9 / hw.allreduce_bytes_per_s)
+    assert hw.allgather_seconds(1e9, 4, calls=0) == pytest.approx(0.75e9 / hw.allreduce_bytes_per_s)
     # a group spanning nodes runs at the network's rate
-    assert hw.allgather_seconds(1e9, 16, inter_node=True) == pytest.approx(
+    assert hw.allgather_seconds(1e9, 16, inter_node=True, calls=0) == pytest.approx(
         15 / 16 * 1e9 / (hw.internode_bytes_per_s * hw.efficiency.allreduce_bw_util))
 
 
@@ -133,7 +133,55 @@ def test_collectives_pay_a_latency_per_call_and_all_gather_its_own_bandwidth():
     assert hw.allreduce_seconds(nbytes, 2, calls=3) == pytest.approx(bare + 3 * eff.collective_latency_s)
     assert hw.allgather_seconds(nbytes, 2, calls=0) == pytest.approx(
         nbytes / 2 / (hw.nvlink_bytes_per_s * eff.allgather_bw_util))
-    # the estimate presets keep the old model: no per-call cost, one bandwidth for both
+    # a datasheet preset carries the measured per-call latency (NCCL software) but keeps one bandwidth for both
     h100 = load_hardware("H100-SXM-80G")
-    assert h100.allgather_seconds(nbytes, 2) * 2 == pytest.approx(h100.allreduce_seconds(nbytes, 2))
+    assert h100.efficiency.collective_latency_s == eff.collective_latency_s
+    assert h100.allgather_seconds(nbytes, 2, calls=0) * 2 == pytest.approx(h100.allreduce_seconds(nbytes, 2, calls=0))
     assert h100.allreduce_seconds(nbytes, 1) == 0.0
+
+
+@pytest.mark.parametrize("preset", ["H100-SXM-80G", "H200-141G", "A100-80G", "B200", "L20"])
+def test_datasheet_presets_carry_the_measured_driver_costs(preset):
+    """Mapping memory and pinning pages are driver/host work: every datasheet preset uses the H200's measurement."""
+    from vime.sim.hardware import CARRIABLE
+
+    measured, hw = load_hardware("H200-141G-measured"), load_hardware(preset)
+    for key in CARRIABLE:
+        group, name = key.split(".")
+        assert getattr(getattr(hw, group), name) == getattr(getattr(measured, group), name), key
+        assert hw.source(key).startswith("carried from H200-141G-measured"), key
+    # what a datasheet does give stays the chip's own
+    assert hw.source("bf16_flops") and "carried" not in hw.source("bf16_flops")
+    assert hw.to_dict()["vmm"]["create_map_s_per_gib"] < 0.001  # the 0.02 s/GiB estimate is gone
+
+
+def _with_carry(tmp_path, carry, **extra):
+    import json
+
+    data = load_hardware("H100-SXM-80G").to_dict()
+    for key in carry.get("fields", []):
+        group, name = key.split(".")
+        data.get(group, {}).pop(name, None)
+    for key, value in extra.items():
+        group, name = key.split(".")
+        data[group][name] = value
+    data["carry"] = carry
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_a_user_profile_may_carry_driver_costs_and_bad_carries_are_named(tmp_path):
+    good = _with_carry(tmp_path, {"from": "H200-141G-measured", "fields": ["vmm.create_map_s_per_gib"], "why": "same driver"})
+    hw = load_hardware(good)
+    assert hw.vmm.create_map_s_per_gib == load_hardware("H200-141G-measured").vmm.create_map_s_per_gib
+    assert "same driver" in hw.source("vmm.create_map_s_per_gib")
+    with pytest.raises(ConfigError, match="not a driver/software cost"):
+        load_hardware(_with_carry(tmp_path, {"from": "H200-141G-measured", "fields": ["efficiency.train_mfu"]}))
+    with pytest.raises(ConfigError, match="is not a preset"):
+        load_hardware(_with_carry(tmp_path, {"from": "H999", "fields": ["vmm.create_map_s_per_gib"]}))
+    with pytest.raises(ConfigError, match="both set and carried"):
+        load_hardware(_with_carry(tmp_path, {"from": "H200-141G-measured", "fields": ["vmm.create_map_s_per_gib"]},
+                                  **{"vmm.create_map_s_per_gib": 0.5}))
+    with pytest.raises(ConfigError, match="carry must be"):
+        load_hardware(_with_carry(tmp_path, {"from": "H200-141G-measured"}))

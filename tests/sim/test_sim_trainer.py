@@ -258,7 +258,7 @@ def test_train_time_by_hand_for_one_sequence():
     fwd_flops = 2 * dense * L + 4 * 36 * 32 * 128 * L * (L + 1) / 2
     compute = 3 * fwd_flops / (2 * H100.bf16_flops * H100.efficiency.train_mfu)
     bus = H100.nvlink_bytes_per_s * H100.efficiency.allreduce_bw_util
-    tp_comm = 3 * 4 * 36 * (0.5 * L * h * 2) / bus  # fwd + 2× bwd; 4 SP collectives per layer
+    tp_comm = 3 * 4 * 36 * ((0.5 * L * h * 2) / bus + H100.efficiency.collective_latency_s)  # fwd + 2× bwd; 4 SP collectives per layer
     p = QWEN3_4B.params_per_rank(2)
     optimizer = p * 30 / (H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util)  # DP 1: no reduce
     backup = 2 * p / (H100.host_link_d2h_bytes_per_s * H100.efficiency.host_copy_util)

@@ -48,8 +48,16 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_elementwise": "fused"              # SwiGLU and RoPE kernels: "fused" or "unfused"
       },
       "sources": {"bf16_flops": "where the number comes from", ...},  # one note per value
-      "provenance": {"machine": "...", "driver": "...", "date": "...", "command": "..."}  # measured profiles
+      "provenance": {"machine": "...", "driver": "...", "date": "...", "command": "..."},  # measured profiles
+      "carry": {"from": "H200-141G-measured",     # take these fields from a measured preset (optional)
+                "fields": ["vmm.create_map_s_per_gib", ...],
+                "why": "driver and host-software costs, not chip properties"}
     }
+
+``carry`` exists because some costs belong to the driver, the host and the software rather than
+the chip (mapping memory, pinning host pages, vLLM's CPU step, NCCL's per-call latency): a
+datasheet cannot give them, and an estimate per preset contradicted the one measured value by up
+to 125×. A preset names the measured profile it takes them from; its sources then say so.
 
 A calibrated profile puts measured rates in the ``*_bytes_per_s`` fields and sets the matching
 efficiency to 1.0 (or keeps datasheet peaks and fits the efficiencies — both read the same).
@@ -321,7 +329,8 @@ class HardwareSpec:
             raise ConfigError(f"hardware profile {origin}: missing field(s) {missing}; "
                               f"see vime/sim/hardware.py for the schema")
         known = set(required) | {"description", "internode_bytes_per_s", "efficiency", "vmm", "software", "sources",
-                                 "provenance"}
+                                 "provenance", "carry"}
+        data = resolve_carry(data, origin)
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"hardware profile {origin}: unknown field(s) {extra}; known: {sorted(known)}")
@@ -411,6 +420,49 @@ def list_hardware() -> list[str]:
     return sorted(_preset_files())
 
 
+#: Fields a profile may carry from another: driver, host and software costs (see the module docstring).
+CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pinned_alloc_s_per_gib",
+             "vmm.pinned_free_s_per_gib", "efficiency.host_step_s", "efficiency.host_step_per_seq_s",
+             "efficiency.host_step_tp_scale", "efficiency.iteration_overhead_s", "efficiency.collective_latency_s",
+             "efficiency.eager_iteration_s")
+
+
+def resolve_carry(data: Any, origin: str, seen: tuple[str, ...] = ()) -> Any:
+    """`data` with its "carry" fields copied from the named profile (values and sources), "carry" removed."""
+    if not isinstance(data, dict) or "carry" not in data:
+        return data
+    carry = data["carry"]
+    if not isinstance(carry, dict) or set(carry) - {"from", "fields", "why"} or not isinstance(carry.get("from"), str) \
+            or not isinstance(carry.get("fields"), list) or not carry["fields"]:
+        raise ConfigError(f"hardware profile {origin}: carry must be {{\"from\": PRESET, \"fields\": [...], "
+                          f"\"why\": TEXT}}")
+    src_name = carry["from"]
+    presets = _preset_files()
+    if src_name not in presets:
+        raise ConfigError(f"hardware profile {origin}: carry.from {src_name!r} is not a preset; "
+                          f"known: {', '.join(sorted(presets))}")
+    if src_name in seen:
+        raise ConfigError(f"hardware profile {origin}: carry cycle {' -> '.join((*seen, src_name))}")
+    source = resolve_carry(read_json(presets[src_name], what="hardware preset", missing_hint="reinstall vime"),
+                            f"preset {src_name}", (*seen, src_name))
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items() if k != "carry"}
+    sources = out.setdefault("sources", {})
+    why = str(carry.get("why", "")).strip()
+    for key in carry["fields"]:
+        if key not in CARRIABLE:
+            raise ConfigError(f"hardware profile {origin}: carry field {key!r} is not a driver/software cost; "
+                              f"carriable: {', '.join(CARRIABLE)}")
+        group, name = key.split(".")
+        if name in out.get(group, {}):
+            raise ConfigError(f"hardware profile {origin}: {key} is both set and carried from {src_name}; keep one")
+        if name not in source.get(group, {}):
+            raise ConfigError(f"hardware profile {origin}: {src_name} has no {key} to carry")
+        out.setdefault(group, {})[name] = source[group][name]
+        note = source.get("sources", {}).get(key, "")
+        sources[key] = f"carried from {src_name}" + (f" ({why})" if why else "") + (f": {note}" if note else "")
+    return out
+
+
 def load_hardware(name_or_path: str | Path = DEFAULT_HARDWARE) -> HardwareSpec:
     """A preset by name (case-insensitive) or a profile JSON file by path.
 
@@ -423,8 +475,9 @@ def load_hardware(name_or_path: str | Path = DEFAULT_HARDWARE) -> HardwareSpec:
     by_lower.update({a: k for a, k in ALIASES.items() if k in presets})
     if text.lower() in by_lower:
         entry = presets[by_lower[text.lower()]]
-        return HardwareSpec.from_dict(read_json(entry, what="hardware preset", missing_hint="reinstall vime"),
-                                      origin=f"preset {by_lower[text.lower()]}")
+        origin = f"preset {by_lower[text.lower()]}"
+        data = read_json(entry, what="hardware preset", missing_hint="reinstall vime")
+        return HardwareSpec.from_dict(data, origin=origin)
     path = Path(text)
     if text.endswith(".json") or path.exists():
         if not path.is_file():
