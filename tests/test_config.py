@@ -138,7 +138,7 @@ def test_update_weight_buffer_size_units() -> None:
     (["--num-steps-per-rollout", "3"], ["--num-steps-per-rollout 3", "256 samples"]),
     (["--global-batch-size", "128", "--num-steps-per-rollout", "4"], ["contradicts", "= 64"]),
     (["--rollout-num-gpus", "4"], ["--rollout-num-gpus 4", "--colocate", "8"]),
-    (["--no-offload-train"], ["--no-offload-train", "--colocate"]),
+    (["--no-offload-rollout"], ["--no-offload-rollout", "--colocate"]),
     (["--no-colocate"], ["--rollout-num-gpus"]),
     (["--eps-clip-c", "0.5"], ["--eps-clip-c 0.5", "> 1"]),
     (["--eps-clip", "1.5"], ["--eps-clip"]),

@@ -258,3 +258,22 @@ def test_offload_backend_choice_shows_in_the_train_phase():
         times[backend] = sim.steps[0]
     assert times["torch_memory_saver"].t_train > times["cumem"].t_train
     assert times["torch_memory_saver"].t_rollout == pytest.approx(times["cumem"].t_rollout)
+
+
+def test_colocated_trainer_may_stay_resident_and_the_memory_check_decides():
+    """--colocate --no-offload-train: no trainer offload/onload per step; the engines still sleep around training.
+
+    With the default 0.9 memory budget the engines' KV cache no longer fits beside the resident trainer
+    (an OOM at the first KV onload); at 0.5 it fits and the step is cheaper than offloading the trainer."""
+    base = ["--num-rollout", "1"]
+    tight = simulate(parse_args([*base, "--no-offload-train"], command="simulate"))
+    assert not tight.fits and tight.oom.tag == "kv_cache"
+    resident = simulate(parse_args([*base, "--no-offload-train", "--gpu-memory-utilization", "0.5"],
+                                   command="simulate"))
+    offloaded = simulate(parse_args([*base, "--gpu-memory-utilization", "0.5"], command="simulate"))
+    assert resident.fits and offloaded.fits
+    r, o = resident.steps[-1], offloaded.steps[-1]
+    # the engines still sleep (the same offload phase); the trainer's wake and parking are gone from train
+    assert r.t_offload == pytest.approx(o.t_offload) and r.t_offload > 0
+    assert r.t_train < o.t_train
+    assert r.t_step < o.t_step

@@ -106,12 +106,14 @@ def _placement(v: dict[str, Any]) -> tuple[int, int]:
     """Placement: colocate, offloads, engines (seed steps 2–3)."""
     actor_gpus = v["actor_num_nodes"] * v["actor_num_gpus_per_node"]
     if v["colocate"]:
-        for off in ("offload_train", "offload_rollout"):
-            _need(v[off] is not False,
-                  f"--no-{off.replace('_', '-')} contradicts --colocate: colocated trainer and engines "
-                  f"take turns on the same GPUs, so both must offload; drop --no-{off.replace('_', '-')} "
-                  f"or pass --no-colocate")
-            v[off] = True
+        # The trainer may stay resident (--no-offload-train: no offload/onload per step, the memory
+        # check decides whether the engines still fit); the engines must sleep while it trains.
+        _need(v["offload_rollout"] is not False,
+              "--no-offload-rollout contradicts --colocate: the engines' KV cache and the trainer take turns "
+              "on the same GPUs, so the engines must sleep while it trains; drop --no-offload-rollout or "
+              "pass --no-colocate")
+        v["offload_rollout"] = True
+        v["offload_train"] = v["offload_train"] is not False
         if v["rollout_num_gpus"] is not None:
             _need(v["rollout_num_gpus"] == actor_gpus,
                   f"--rollout-num-gpus {v['rollout_num_gpus']} differs from the actor GPUs "
