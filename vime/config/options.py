@@ -76,6 +76,10 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = opt(1, "Megatron pipeline-parallel size", type=int)
     context_parallel_size: int = opt(1, "Megatron context-parallel size", type=int)
     use_distributed_optimizer: bool = opt(True, "shard optimizer state across DP ranks", negatable=True)
+    recompute_granularity: str | None = opt(None, "Megatron activation recomputation: full (every layer's "
+                                                  "activations recomputed in the backward; method uniform, "
+                                                  "1 layer per checkpoint) or selective (core attention only)",
+                                            choices=("full", "selective"))
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class ActorConfig:
     use_routing_replay: bool = False
     use_rollout_routing_replay: bool = False
     calculate_per_token_loss: bool = False
+    recompute_granularity: str | None = None  # None, "full" or "selective" (--recompute-granularity)
     rollout_temperature: float = 1.0
     # Offload (seed steps 37, 41): see make_offload_backend; always the accounted no-op on CPU.
     offload_backend: str = "auto"

@@ -87,7 +87,8 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     tf_config = mmodel.transformer_config(spec, tp=tp, dtype=cfg.torch_dtype, cpu_init=cpu,
-                                          calculate_per_token_loss=False)
+                                          calculate_per_token_loss=False,
+                                          **mmodel.recompute_overrides(cfg.recompute_granularity))
     with offload.region("params"):
         module = mmodel.build_gpt_model(spec, tf_config)
         if cfg.torch_dtype != torch.float32:

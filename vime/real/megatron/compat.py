@@ -183,6 +183,22 @@ def _apply() -> None:
     torch.cuda.empty_cache = _noop
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRngStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # Activation recompute saves and restores "the GPU's" generator around each checkpoint: on the
+    # CPU that generator is the default one (the CPU state is saved beside it, harmlessly twice).
+    _saved["rng_get"], _saved["rng_set"] = mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    # ...and reruns the layers' forward inside autograd's backward, where this thread's torch
+    # modes are not active: push the CUDA->CPU rewrite there too.
+    _saved["ckpt_backward"] = mrandom.CheckpointFunction.backward
+    original_backward = mrandom.CheckpointFunction.backward.__func__ if hasattr(
+        mrandom.CheckpointFunction.backward, "__func__") else mrandom.CheckpointFunction.backward
+
+    def _backward_on_cpu(ctx: Any, *grads: Any) -> Any:
+        with _CudaToCpuMode():
+            return original_backward(ctx, *grads)
+
+    mrandom.CheckpointFunction.backward = staticmethod(_backward_on_cpu)
     _saved["clip"] = moptimizer.clip_grad_by_total_norm_fp32
     moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
     mode = _CudaToCpuMode()
@@ -200,6 +216,8 @@ def _restore() -> None:
     torch.cuda.empty_cache = _saved.pop("empty_cache")
     moptimizer.clip_grad_by_total_norm_fp32 = _saved.pop("clip")
     mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = _saved.pop("tracker")
+    mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state = _saved.pop("rng_get"), _saved.pop("rng_set")
+    mrandom.CheckpointFunction.backward = staticmethod(_saved.pop("ckpt_backward"))
 
 
 def install() -> bool:

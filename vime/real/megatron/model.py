@@ -147,6 +147,17 @@ def transformer_config(spec: ModelSpec, *, tp: int, dtype: torch.dtype = torch.f
     return TransformerConfig(**kwargs)
 
 
+def recompute_overrides(granularity: str | None) -> dict[str, Any]:
+    """TransformerConfig fields for --recompute-granularity (what the simulator's cost model assumes)."""
+    if granularity is None:
+        return {}
+    if granularity == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    if granularity == "selective":
+        return {"recompute_granularity": "selective"}
+    raise ConfigError(f"--recompute-granularity {granularity!r}: pick full or selective")
+
+
 def build_gpt_model(spec: ModelSpec, config: Any) -> Any:
     """A Megatron `GPTModel` (pre and post process; PP = 1) for `spec` under `config`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec

@@ -69,7 +69,7 @@ class SimTrainer(ActorCostModel):
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, algo: AlgoConfig, model: ModelSpec,
                  cluster: SimCluster, *, seed: int, start_rollout_id: int = 0, name: str = OWNER,
                  pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
-                 recompute: Recompute = "none") -> None:
+                 recompute: Recompute | None = None) -> None:
         super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
         self.cluster = cluster
         self.name = name

@@ -43,11 +43,13 @@ class ActorCostModel:
     """
 
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, model: ModelSpec, hardware: HardwareSpec,
-                 num_gpus: int, *, recompute: Recompute = "none") -> None:
+                 num_gpus: int, *, recompute: Recompute | None = None) -> None:
         self.model = model
         self.hw = hardware
         self.layout = Layout.of(placement, parallel, num_gpus)
         self.nodes = placement.actor_num_nodes
+        if recompute is None:  # what --recompute-granularity asks for
+            recompute = parallel.recompute_granularity or "none"
         if recompute not in ("none", "selective", "full"):
             raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
         self.recompute: Recompute = recompute
