@@ -240,7 +240,7 @@ def predict(ids: list[str]) -> int:
 
 
 def _measured_value(figures: dict, metric: str) -> float | None:
-    v = figures.get(metric)
+    v = figures.get(metric, figures.get(f"timing_s/{metric}"))  # verl's wandb keys carry the prefix
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, dict):
