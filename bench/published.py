@@ -2,6 +2,11 @@
 
     python bench/published.py predict            # writes bench/data/published/<id>/predicted.json
     python bench/published.py compare [--json]   # measured vs predicted per reported metric
+    python bench/published.py predict --after NAME [IDS]   # after a model fix: predicted.NAME.json
+    python bench/published.py compare --after NAME         # the pre-registered and the later prediction
+
+A later prediction (`--after`) is made with the figures known: the references whose figures the fix
+was derived from count as fitted from then on, the others stay held out; `compare --after` prints both.
 
 Pre-registration: `PLANS` below turns each reference's `reference.json` (configuration only) into
 `vime simulate` flags and says which simulated quantity stands for each metric the source reports.
@@ -216,7 +221,11 @@ def _quantities(sim) -> dict[str, float]:
     return q
 
 
-def predict(ids: list[str]) -> int:
+def _pred_name(after: str | None) -> str:
+    return f"predicted.{after}.json" if after else "predicted.json"
+
+
+def predict(ids: list[str], after: str | None = None) -> int:
     from vime.config import parse_args
     from vime.runs.sim import simulate
 
@@ -233,7 +242,7 @@ def predict(ids: list[str]) -> int:
             q = _quantities(sim)
             out["quantities"] = q
             out["predicted"] = {metric: sum(q[k] for k in keys) for metric, keys in plan["map"].items()}
-        (DATA / rid / "predicted.json").write_text(json.dumps(out, indent=2) + "\n")
+        (DATA / rid / _pred_name(after)).write_text(json.dumps(out, indent=2) + "\n")
         shown = {k: round(v, 2) for k, v in out.get("predicted", {}).items()}
         print(f"{rid}: {'fits' if sim.fits else 'OOM ' + out['oom'][:120]} {shown}", flush=True)
     return 0
@@ -250,7 +259,7 @@ def _measured_value(figures: dict, metric: str) -> float | None:
     return None
 
 
-def compare(as_json: bool) -> int:
+def compare(as_json: bool, after: str | None = None) -> int:
     rows = []
     for ref in sorted(DATA.glob("*/reference.json")):
         rid = ref.parent.name
@@ -266,27 +275,38 @@ def compare(as_json: bool) -> int:
         if not pred.get("fits"):
             rows.append({"id": rid, "metric": "-", "status": "predicted OOM: " + pred.get("oom", "")[:80]})
             continue
+        later_path = ref.parent / _pred_name(after)
+        later = json.loads(later_path.read_text()) if after and later_path.exists() else None
         for metric, p in pred["predicted"].items():
             m = _measured_value(meas.get("figures", {}), metric)
             err = None if m in (None, 0.0) else (p - m) / m
-            rows.append({"id": rid, "metric": metric, "measured": m, "predicted": p, "error": err,
-                         "status": "ok" if m is not None else "no figure"})
+            row = {"id": rid, "metric": metric, "measured": m, "predicted": p, "error": err,
+                   "status": "ok" if m is not None else "no figure"}
+            if later is not None and later.get("fits"):
+                q = later["predicted"][metric]
+                row.update(after=q, error_after=None if m in (None, 0.0) else (q - m) / m)
+            rows.append(row)
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'reference':58s} {'metric':34s} {'measured':>10s} {'predicted':>10s} {'error':>8s}")
+    def pct(e: float | None) -> str:
+        return "-" if e is None else f"{100 * e:+.1f} %"
+
+    extra = f" {'after ' + after:>12s} {'error':>8s}" if after else ""
+    print(f"{'reference':58s} {'metric':34s} {'measured':>10s} {'predicted':>10s} {'error':>8s}{extra}")
     for r in rows:
         if "predicted" not in r:
             print(f"{r['id']:58s} {r['status']}")
             continue
         m = "-" if r["measured"] is None else f"{r['measured']:.2f}"
-        e = "-" if r["error"] is None else f"{100 * r['error']:+.1f} %"
-        print(f"{r['id']:58s} {r['metric'][:34]:34s} {m:>10s} {r['predicted']:10.2f} {e:>8s}")
-    errs = [abs(r["error"]) for r in rows if r.get("error") is not None]
-    if errs:
-        within = sum(e <= 0.15 for e in errs)
-        print(f"\n{within} of {len(errs)} compared figures within 15 %; median |error| "
-              f"{100 * sorted(errs)[len(errs) // 2]:.1f} %")
+        tail = f" {r['after']:12.2f} {pct(r['error_after']):>8s}" if "after" in r else ""
+        print(f"{r['id']:58s} {r['metric'][:34]:34s} {m:>10s} {r['predicted']:10.2f} {pct(r['error']):>8s}{tail}")
+    for key, label in (("error", "pre-registered"), ("error_after", f"after {after}")):
+        errs = [abs(r[key]) for r in rows if r.get(key) is not None]
+        if errs:
+            within = sum(e <= 0.15 for e in errs)
+            print(f"{label}: {within} of {len(errs)} compared figures within 15 %; median |error| "
+                  f"{100 * sorted(errs)[len(errs) // 2]:.1f} %")
     return 0
 
 
@@ -295,15 +315,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("predict", help="simulate every planned reference and write its predicted.json")
     p.add_argument("ids", nargs="*", help="reference ids (default: all planned)")
+    p.add_argument("--after", metavar="NAME", help="a later prediction after a model fix: predicted.NAME.json")
     c = sub.add_parser("compare", help="measured vs predicted per reported metric")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--after", metavar="NAME", help="also show predicted.NAME.json")
     a = ap.parse_args(argv)
     if a.cmd == "predict":
         unknown = [i for i in a.ids if i not in PLANS]
         if unknown:
             raise SystemExit(f"no plan for {unknown}; planned: {', '.join(sorted(PLANS))}")
-        return predict(a.ids or sorted(PLANS))
-    return compare(a.json)
+        return predict(a.ids or sorted(PLANS), a.after)
+    return compare(a.json, a.after)
 
 
 if __name__ == "__main__":

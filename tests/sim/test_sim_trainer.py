@@ -472,3 +472,26 @@ def test_output_is_identical_across_hash_seeds():
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
     assert outs[0] == outs[1] and len(outs[0]) > 1000
+
+
+def test_torch_memory_saver_parks_its_whole_region_including_cached_activation_blocks():
+    """torch_memory_saver copies everything allocated under it (grads and the caching allocator's
+    activation blocks too, vllm-project/vime #442); vime's CuMem path keeps params + optimizer only."""
+    parked = {}
+    for backend in ("cumem", "torch_memory_saver"):
+        args = _args("--train-offload-backend", backend)
+        tr, cl = _trainer(args)
+        _run(cl, tr.init())
+        _run(cl, tr.wake_up())
+        _run(cl, tr.train(0, _batch(args)))
+        activations = sum(tr.allocator.tag_bytes("activations"))
+        _run(cl, tr.sleep())
+        span = [s for s in cl.recorder.spans if s.name == "allocator.sleep"][-1]
+        parked[backend] = (span.args["offloaded_bytes"], activations)
+        if backend == "cumem":
+            assert span.args["offload"] == ["params", "optimizer"] and activations == 0
+        else:
+            assert set(span.args["offload"]) == {"params", "optimizer", "grads", "activations"}
+            assert activations > 0  # the blocks of the largest micro-batch stay reserved after training
+    state = tr.state_bytes_per_gpu()
+    assert parked["torch_memory_saver"][0] == parked["cumem"][0] + sum(state["grads"]) + parked["torch_memory_saver"][1]
