@@ -211,10 +211,7 @@ def _quantities(sim) -> dict[str, float]:
     q["update_actor"] = q["t_train"] - q["perf/log_probs_time"] - q["perf/ref_log_probs_time"]
     if "perf/train_time" in q:
         q["train_wait"] = q["t_step"] - q["perf/train_time"]
-    spans = [s for s in sim.backends.recorder.spans if s.track == "actor" and s.t0 >= st.t_begin]
-    for name, key in (("sleep", "trainer_sleep"), ("wake_up", "trainer_wake_up")):
-        mine = [s.t1 - s.t0 for s in spans if s.name == name]
-        q[key] = float(mine[-1]) if mine else 0.0
+    q["trainer_sleep"], q["trainer_wake_up"] = float(st.t_trainer_sleep), float(st.t_trainer_wake_up)
     gpus = len(sim.backends.gpus)
     q["tokens_per_s_per_gpu"] = float(st.train.get("tokens", 0)) / (q["t_step"] * gpus)
     q["response_length_mean"] = float(st.response_length_mean)

@@ -181,9 +181,15 @@ def test_t_step_is_the_sum_of_phases_plus_the_gap():
         assert r.t_gap >= 0 and all(t > 0 for t in r.phases().values())
         m = r.metrics()
         assert m["perf/step_time"] == r.t_step and m["perf/rollout_time"] == r.t_rollout
-        assert m["perf/sleep_time"] == r.t_offload and m["perf/actor_train_time"] == r.t_train
+        # slime's names keep slime's meaning: the trainer's sleep and wake (inside the train phase),
+        # its train() call and the update inside it; the engines' sleep and wake have their own names
+        assert m["perf/engine_sleep_time"] == r.t_offload and m["perf/train_phase_time"] == r.t_train
+        assert 0 < m["perf/sleep_time"] == r.t_trainer_sleep and 0 < m["perf/wake_up_time"] == r.t_trainer_wake_up
+        assert m["perf/wake_up_time"] + m["perf/train_time"] + m["perf/sleep_time"] <= r.t_train * (1 + 1e-12)
+        assert 0 < m["perf/actor_train_time"] < m["perf/train_time"]
+        assert m["perf/train_wait_time"] == pytest.approx(r.t_step - m["perf/train_time"])
         assert m["perf/update_weights_time"] == r.t_weight_sync
-        assert m["perf/wake_up_time"] == r.t_onload_weights + r.t_onload_kv
+        assert m["perf/engine_wake_up_time"] == r.t_onload_weights + r.t_onload_kv
         assert m["rollout/kept_samples"] == 256
     # steps follow each other on one clock
     steps = run.report.steps

@@ -45,14 +45,19 @@ from vime.weight_sync import publish_weights, should_flush_cache
 
 #: The six phases of T_step, in seed order, with the ecosystem's metric names.
 PHASES: tuple[str, ...] = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")
+#: perf/sleep_time, perf/wake_up_time, perf/train_time and perf/actor_train_time keep slime's meaning
+#: (the trainer's sleep and wake, its train() call, the update inside it); the engines' own are apart.
 PHASE_METRICS: dict[str, str] = {
     "rollout": "perf/rollout_time",
-    "offload": "perf/sleep_time",
-    "train": "perf/actor_train_time",
+    "offload": "perf/engine_sleep_time",
+    "train": "perf/train_phase_time",
     "onload_weights": "perf/onload_weights_time",
     "weight_sync": "perf/update_weights_time",
     "onload_kv": "perf/onload_kv_time",
 }
+#: Trainer timings (TrainMetrics.extra, with or without the perf/ prefix) logged under perf/.
+TRAINER_TIMINGS = ("train_time", "actor_train_time", "log_probs_time", "ref_log_probs_time",
+                   "weight_backup_time", "data_preprocess_time")
 ROLLOUT_MANAGER = "rollout_manager"  # the component name of the orchestrator's own bookkeeping calls
 
 
@@ -99,6 +104,8 @@ class StepReport:
     t_eval: float = 0.0
     t_gap: float = 0.0
     t_step: float = 0.0
+    t_trainer_wake_up: float = 0.0  # inside t_train: the trainer's wake (slime's perf/wake_up_time)
+    t_trainer_sleep: float = 0.0  # inside t_train: the trainer's sleep (slime's perf/sleep_time)
     rollout_weight_version: str | None = None  # the version stamped on this rollout's responses
     published_version: int = 0  # the version the engines hold after the step
     flushed_cache: bool = False
@@ -121,7 +128,9 @@ class StepReport:
     def metrics(self) -> dict[str, float]:
         """Flat metrics under the names slime / vime users log (perf/…, rollout/…, train/…)."""
         m: dict[str, float] = {PHASE_METRICS[p]: t for p, t in self.phases().items()}
-        m["perf/wake_up_time"] = self.t_onload_weights + self.t_onload_kv
+        m["perf/engine_wake_up_time"] = self.t_onload_weights + self.t_onload_kv
+        m["perf/sleep_time"] = self.t_trainer_sleep
+        m["perf/wake_up_time"] = self.t_trainer_wake_up
         m["perf/save_model_time"] = self.t_save
         m["perf/eval_time"] = self.t_eval
         m["perf/gap_time"] = self.t_gap
@@ -141,9 +150,10 @@ class StepReport:
             if key in self.train:
                 m[f"train/{key}"] = float(self.train[key])
         for key, value in self.train.get("extra", {}).items():
-            m[f"train/{key}"] = float(value)
-        if "ref_log_probs_time" in self.train.get("extra", {}):
-            m["perf/ref_log_probs_time"] = float(self.train["extra"]["ref_log_probs_time"])
+            name = key.removeprefix("perf/")
+            m[f"perf/{name}" if name in TRAINER_TIMINGS else f"train/{name}"] = float(value)
+        if "perf/train_time" in m:  # slime: the step is train_wait + train
+            m["perf/train_wait_time"] = self.t_step - m["perf/train_time"]
         for key, value in self.eval.items():
             m[f"eval/{key}"] = float(value)
         return m
@@ -190,6 +200,7 @@ class Orchestrator:
         self.train_cfg = train  # the loop: rollouts, evaluation, checkpoints
         self.cluster = cluster  # which side sleeps (offload_train / offload_rollout)
         self.weight_sync = weight_sync
+        self.trainer_times = {"wake_up": 0.0, "sleep": 0.0}  # the last train phase's trainer wake and sleep
         self.engines = list(engines)
         self.router = router
         self.trainer = trainer
@@ -273,6 +284,7 @@ class Orchestrator:
             report.sleep_level = await self.offload()
         async with self._phase("train", rollout_id, times):  # 37–42
             metrics = await self.train(rollout_id, batch)
+            report.t_trainer_wake_up, report.t_trainer_sleep = self.trainer_times["wake_up"], self.trainer_times["sleep"]
             self.training_completed(rollout_id)
         if _periodic(rollout_id, self.train_cfg.save_interval, self.train_cfg.num_rollout):
             async with self._phase("save", rollout_id, times):
@@ -325,11 +337,16 @@ class Orchestrator:
 
     async def train(self, rollout_id: int, batch: TrainBatch) -> TrainMetrics:
         """Seed steps 37–41: wake the actors, train on the batch, put them back to sleep when offloading."""
+        self.trainer_times = {"wake_up": 0.0, "sleep": 0.0}
         if self.cluster.offload_train:
+            t0 = self.now()
             await self.trainer.wake_up()
+            self.trainer_times["wake_up"] = self.now() - t0
         metrics = await self.trainer.train(rollout_id, batch)
         if self.cluster.offload_train:
+            t0 = self.now()
             await self.trainer.sleep()
+            self.trainer_times["sleep"] = self.now() - t0
         return metrics
 
     def training_completed(self, rollout_id: int) -> None:
