@@ -11,9 +11,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vime.config.options import ClusterConfig
 from vime.errors import ConfigError, TrainerError
+from vime.placement import plan_placement
 from vime.protocols import WeightBucket
-from vime.real.megatron.placement import plan_placement
 from vime.real.megatron.trainer import MegatronTrainer
 from vime.real.weights import ipc as iw
 from vime.weight_sync import publish_weights
@@ -150,14 +151,9 @@ def test_rank_handles_fold_into_one_dict_per_tensor():
         iw.merge_rank_handles([("GPU-a", ["a0"])], 2)
 
 
-class _Plan:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 @pytest.mark.parametrize("gpus, per_engine", [(8, 4), (8, 2), (4, 1), (2, 2)])
 def test_each_engine_gpu_reads_the_trainer_rank_on_that_gpu(gpus, per_engine):
-    plan = plan_placement(_Plan(actor_num_nodes=1, actor_num_gpus_per_node=gpus, colocate=True,
+    plan = plan_placement(ClusterConfig(actor_num_nodes=1, actor_num_gpus_per_node=gpus, colocate=True,
                                 rollout_num_gpus_per_engine=per_engine), use_gpus=True)
     ranks = iw.engine_gpu_ranks(plan.actor_bundles, plan.engine_bundles)
     assert len(ranks) == gpus // per_engine
@@ -166,7 +162,7 @@ def test_each_engine_gpu_reads_the_trainer_rank_on_that_gpu(gpus, per_engine):
 
 
 def test_engines_without_a_colocated_trainer_rank_are_refused():
-    plan = plan_placement(_Plan(actor_num_nodes=1, actor_num_gpus_per_node=2, colocate=False, rollout_num_gpus=2,
+    plan = plan_placement(ClusterConfig(actor_num_nodes=1, actor_num_gpus_per_node=2, colocate=False, rollout_num_gpus=2,
                                 rollout_num_gpus_per_engine=1), use_gpus=True)
     with pytest.raises(ConfigError, match="colocated with a trainer rank"):
         iw.engine_gpu_ranks(plan.actor_bundles, plan.engine_bundles)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-import vime.real.megatron.placement as placement_mod
+import vime.real.cluster as cluster_mod
 import vime.real.session as session_mod
+import vime.real.vllm.fleet as fleet_mod
 import vime.real.vllm.launcher as launcher_mod
 import vime.real.vllm.router as router_mod
 import vime.rollout.data_source as data_mod
@@ -49,10 +51,13 @@ def test_server_overrides_on_cpu_and_gpu(tmp_path):
     disk = _args(tmp_path, "--update-weight-mode", "disk")
     cpu = session_mod.server_overrides(disk, "cpu")
     assert cpu["dtype"] == "float32" and cpu["enforce_eager"] and cpu["cpu_kvcache_space_gib"] >= 1
-    assert cpu["weight_transfer_backend"] is None
+    assert cpu["weight_transfer_backend"] is None and cpu["cpu_reload_fix"]
     from vime.real.vllm import cpu_fix
+    from vime.real.vllm.launcher import ServerSpec, server_env
 
-    assert cpu["extra_env"]["PYTHONPATH"].split(os.pathsep)[0] == cpu_fix.PATH
+    # the fix's path is resolved where the server starts (the engine's node), not on the driver
+    env = server_env(ServerSpec(model="m", port=1, device="cpu", cpu_reload_fix=True), base={"PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [cpu_fix.PATH, "/x"]
     assert (Path(cpu_fix.PATH) / "sitecustomize.py").is_file()
     assert session_mod.server_overrides(_args(tmp_path), "cuda") == {}
 
@@ -63,8 +68,9 @@ def test_server_overrides_on_cpu_and_gpu(tmp_path):
 
 
 class FakeLauncher:
+    """The driver-side launcher: only the router runs there now."""
+
     instances: list[FakeLauncher] = []
-    fail_servers = False
 
     def __init__(self, log_dir: Path, **kw: Any) -> None:
         self.log_dir = log_dir
@@ -78,11 +84,53 @@ class FakeLauncher:
     def __exit__(self, *exc: object) -> None:
         self.events.append("exit")
 
-    def start_servers(self, specs: Any, timeout_s: float) -> list[str]:
-        if FakeLauncher.fail_servers:
+    def stop_all(self) -> None:
+        self.events.append("stop_all")
+
+
+class FakeReserved:
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.nodes = [cluster_mod.NodeInfo("n0", "10.0.0.1")] * plan.num_nodes
+        self.driver_node_id = "n0"
+        self.released = False
+
+    def describe(self) -> list[str]:
+        return self.plan.describe()
+
+    def release(self) -> None:
+        self.released = True
+
+
+class FakeFleet:
+    """The engine fleet: records what the session asks of it."""
+
+    instances: list[FakeFleet] = []
+    fail = False
+
+    def __init__(self, reserved: Any, log_dir: Path, **kw: Any) -> None:
+        self.reserved = reserved
+        self.events: list[str] = []
+        self.engines: list[Any] = []
+        self.need_paths: list[str] = []
+        FakeFleet.instances.append(self)
+
+    def start(self, specs: Any, *, timeout_s: float, need_paths: Any = ()) -> list[Any]:
+        if FakeFleet.fail:
             raise EngineError("engine0", "start", "process exited with code 1 before it was healthy")
-        self.events.append(f"servers:{len(specs)}")
-        return ["proc"] * len(specs)
+        import dataclasses
+
+        self.events.append(f"start:{len(specs)}")
+        self.need_paths = list(need_paths)
+        self.specs = [dataclasses.replace(s, port=5000 + i) for i, s in enumerate(specs)]
+        return self.specs
+
+    def restart(self, name: str, *, timeout_s: float) -> float:
+        self.events.append(f"restart:{name}")
+        return 0.1
+
+    def describe(self) -> list[str]:
+        return []
 
     def stop_all(self) -> None:
         self.events.append("stop_all")
@@ -94,6 +142,7 @@ class FakeTrainer:
 
         self.lifecycle = TrainerLifecycle()
         self.shut = False
+        self.ranks = [{"ip": "10.0.0.1", "node_id": "n0", "pid": 1}]
 
     def shutdown(self) -> None:
         self.shut = True
@@ -102,26 +151,46 @@ class FakeTrainer:
 @pytest.fixture
 def fakes(monkeypatch, tmp_path):
     FakeLauncher.instances = []
-    FakeLauncher.fail_servers = False
+    FakeFleet.instances = []
+    FakeFleet.fail = False
     trainers: list[FakeTrainer] = []
+    reserved: list[FakeReserved] = []
 
-    def start_trainer(args: Any) -> FakeTrainer:
+    def start_trainer(args: Any, placement: Any) -> FakeTrainer:
+        assert placement is reserved[-1], "the trainer shares the session's placement with the engines"
         trainers.append(FakeTrainer())
         return trainers[-1]
 
+    def reserve(args: Any, device: str) -> FakeReserved:
+        from vime.placement import plan_placement
+
+        reserved.append(FakeReserved(plan_placement(args, use_gpus=device == "cuda")))
+        return reserved[-1]
+
     def start_router(launcher: Any, spec: RouterSpec, **kw: Any):
-        launcher.events.append("router")
+        launcher.events.append("router:" + ",".join(spec.worker_urls))
         return "router-proc", RouterSpec(spec.worker_urls, spec.policy, port=4321, prometheus_port=4322)
 
     monkeypatch.setattr(launcher_mod, "Launcher", FakeLauncher)
-    monkeypatch.setattr(placement_mod, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr(fleet_mod, "EngineFleet", FakeFleet)
+    monkeypatch.setattr(cluster_mod, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr(session_mod, "_reserve", reserve)
     monkeypatch.setattr(router_mod, "start_router", start_router)
     monkeypatch.setattr(session_mod, "_start_trainer", start_trainer)
     monkeypatch.setattr(session_mod, "detect_device", lambda: "cpu")
     monkeypatch.setattr(data_mod, "load_tokenizer", lambda args: None)
     monkeypatch.setenv("VIME_UPDATE_WEIGHT_DIR", str(tmp_path / "weights"))
     monkeypatch.delenv("VIME_KEEP_WORKDIR", raising=False)
-    return trainers
+    return SimpleNamespace(trainers=trainers, reserved=reserved)
+
+
+def _torn_down(fakes: Any) -> None:
+    """Everything the session started was stopped: engines, trainer, placement, the launcher last."""
+    (fleet,) = FakeFleet.instances
+    assert fleet.events[-1] == "stop_all"
+    assert all(t.shut for t in fakes.trainers)
+    assert fakes.reserved[-1].released
+    assert FakeLauncher.instances[0].events[-2:] == ["exit", "stop_all"]
 
 
 def test_session_builds_disk_wrapped_backends_and_tears_down(fakes, tmp_path):
@@ -131,7 +200,8 @@ def test_session_builds_disk_wrapped_backends_and_tears_down(fakes, tmp_path):
     async def main():
         async with session_mod.real_session(args) as s:
             seen.update(engines=s.engines, trainer=s.trainer, router=s.router, data=s.data_source,
-                        weight_dir=s.weight_dir, log_dir=s.log_dir, urls=s.engine_urls, router_url=s.router_url)
+                        weight_dir=s.weight_dir, log_dir=s.log_dir, urls=s.engine_urls, router_url=s.router_url,
+                        placement=s.placement)
             assert s.data_source.get_samples(1)[0][0].tokens == ToyTask(vocab_size=300, num_prompts=4).prompts()[0]
 
     asyncio.run(main())
@@ -139,14 +209,32 @@ def test_session_builds_disk_wrapped_backends_and_tears_down(fakes, tmp_path):
     assert isinstance(seen["trainer"], DiskSyncTrainer) and seen["trainer"].next_version == 1
     assert seen["weight_dir"] == tmp_path / "weights"
     assert seen["router_url"] == "http://127.0.0.1:4321" and seen["router"].engines == [seen["engines"][0].inner]
+    # the fleet's addresses are what the router and the clients use
+    assert seen["urls"] == ["http://127.0.0.1:5000"]
     (launcher,) = FakeLauncher.instances
-    assert launcher.events == ["enter", "servers:1", "router", "exit", "stop_all"]
-    assert fakes[0].shut
+    assert launcher.events == ["enter", "router:http://127.0.0.1:5000", "exit", "stop_all"]
+    (fleet,) = FakeFleet.instances
+    assert fleet.events == ["start:1", "stop_all"]
+    # every node must see the model and the weight directory at these paths
+    assert fleet.need_paths == [str((tmp_path / "model").resolve()), str((tmp_path / "weights").resolve())]
+    assert seen["placement"]["num_nodes"] == 1 and seen["placement"]["trainer_ranks"][0]["node_ip"] == "10.0.0.1"
+    _torn_down(fakes)
     assert not seen["log_dir"].parent.exists(), "the session's temporary work directory is removed"
 
 
+def test_engines_restart_through_the_fleet(fakes, tmp_path):
+    args = _args(tmp_path, "--update-weight-mode", "disk")
+
+    async def main():
+        async with session_mod.real_session(args) as s:
+            await s.engines[0].inner.relaunch()
+
+    asyncio.run(main())
+    assert FakeFleet.instances[0].events == ["start:1", "restart:engine0", "stop_all"]
+
+
 def test_failed_server_start_still_stops_the_trainer(fakes, tmp_path):
-    FakeLauncher.fail_servers = True
+    FakeFleet.fail = True
     args = _args(tmp_path, "--update-weight-mode", "disk")
 
     async def main():
@@ -155,31 +243,32 @@ def test_failed_server_start_still_stops_the_trainer(fakes, tmp_path):
 
     with pytest.raises(EngineError, match="before it was healthy"):
         asyncio.run(main())
-    assert fakes[0].shut
-    assert FakeLauncher.instances[0].events[-2:] == ["exit", "stop_all"]
+    _torn_down(fakes)
 
 
 @pytest.mark.parametrize("how", ["error", "cancel"])
 def test_failure_or_cancellation_inside_the_session_tears_down(fakes, tmp_path, how):
     args = _args(tmp_path, "--update-weight-mode", "disk")
+    inside = asyncio.Event()
 
     async def body():
         async with session_mod.real_session(args):
+            inside.set()
             if how == "error":
                 raise RuntimeError("step failed")
-            await asyncio.sleep(3600)  # a run in progress: Ctrl-C cancels the main task
+            await asyncio.Event().wait()  # a run in progress: Ctrl-C cancels the main task
 
     async def main():
         task = asyncio.create_task(body())
-        await asyncio.sleep(0.5)
+        await asyncio.wait([task, asyncio.create_task(inside.wait())], return_when=asyncio.FIRST_COMPLETED)
         if how == "cancel":
             task.cancel()
         await task
 
     with pytest.raises(RuntimeError if how == "error" else asyncio.CancelledError):
         asyncio.run(main())
-    assert fakes[0].shut
-    assert FakeLauncher.instances[0].events[-2:] == ["exit", "stop_all"]
+    assert inside.is_set()
+    _torn_down(fakes)
 
 
 def test_on_gpus_colocated_engines_start_and_sleep_before_the_trainer(fakes, monkeypatch, tmp_path):
@@ -190,22 +279,22 @@ def test_on_gpus_colocated_engines_start_and_sleep_before_the_trainer(fakes, mon
 
     order: list[str] = []
     specs_seen: list[Any] = []
-    real_start = FakeLauncher.start_servers
+    real_start = FakeFleet.start
 
-    def start_servers(self: FakeLauncher, specs: Any, timeout_s: float) -> list[str]:
+    def start(self: FakeFleet, specs: Any, **kw: Any) -> list[Any]:
         specs_seen.extend(specs)
         order.append("servers")
-        return real_start(self, specs, timeout_s)
+        return real_start(self, specs, **kw)
 
     async def sleep(self: Any, level: int, mode: str = "keep") -> None:
         order.append(f"sleep:{self.name}:{level}")
 
-    def start_trainer(args: Any) -> FakeTrainer:
+    def start_trainer(args: Any, placement: Any) -> FakeTrainer:
         order.append("trainer")
-        fakes.append(FakeTrainer())
-        return fakes[-1]
+        fakes.trainers.append(FakeTrainer())
+        return fakes.trainers[-1]
 
-    monkeypatch.setattr(FakeLauncher, "start_servers", start_servers)
+    monkeypatch.setattr(FakeFleet, "start", start)
     monkeypatch.setattr(client_mod.VLLMEngine, "sleep", sleep)
     monkeypatch.setattr(session_mod, "_start_trainer", start_trainer)
     monkeypatch.setattr(session_mod, "detect_device", lambda: "cuda")
@@ -220,5 +309,6 @@ def test_on_gpus_colocated_engines_start_and_sleep_before_the_trainer(fakes, mon
     engines = asyncio.run(main())
     assert order == ["servers", "sleep:engine0:2", "trainer"]
     assert [s.skip_tokenizer_init for s in specs_seen] == [True]  # _args' model has no tokenizer files
+    assert [s.cuda_visible_devices for s in specs_seen] == [None]  # the fleet sets them from the bundles
     assert [e.detokenize for e in engines] == [False]
-    assert fakes[-1].shut
+    _torn_down(fakes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -34,6 +35,18 @@ def format_table(args: Args) -> str:
     return "\n".join(lines)
 
 
+def placement_of(args: Args) -> tuple[list[str], dict[str, object]]:
+    """The placement `args` would use (`vime.placement`), as table lines and as JSON; a layout the
+    real backend cannot place (only `vime simulate` accepts it) says why instead."""
+    from vime.placement import plan_placement
+
+    try:
+        plan = plan_placement(args.cluster, use_gpus=True)
+    except ConfigError as exc:
+        return [f"placement: none on real nodes ({exc})"], {"error": str(exc)}
+    return plan.describe(), plan.to_dict()
+
+
 def _load_runner(command: str) -> Callable[[Args], int] | None:
     module_name, func_name = RUNNERS[command]
     try:
@@ -58,7 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"vime: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.dry_run:
-        print(args.to_json() if args.json else format_table(args))
+        lines, placement = placement_of(args)
+        if args.json:
+            print(json.dumps({**args.to_dict(), "placement": placement}, indent=2))
+        else:
+            print(format_table(args) + "\n\n" + "\n".join(lines))
         return 0
     runner = _load_runner(args.command)
     if runner is None:

@@ -55,6 +55,16 @@ class _Printer:
                   file=self.out, flush=True)
             print("phases: " + ", ".join(f"{_SHORT[p]} = T_{p}" for p in PHASES), file=self.out, flush=True)
 
+    def placement(self, placement: dict[str, Any]) -> None:
+        """Where a real run's engines and trainer ranks landed (plan node → Ray node, addresses)."""
+        if self.as_json:
+            self._emit({"event": "placement", **placement})
+            return
+        for e in placement.get("engine_hosts", []):
+            print(f"placement: {e['name']} at {e['url']} on node {e['node_ip']}", file=self.out, flush=True)
+        for r in placement.get("trainer_ranks", []):
+            print(f"placement: trainer rank {r['rank']} on node {r['node_ip']}", file=self.out, flush=True)
+
     def startup(self, report: StartupReport) -> None:
         if self.as_json:
             self._emit({"event": "startup", **report.to_dict()})
@@ -106,7 +116,7 @@ def run_train(args: Any) -> int:
 
         printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
         if not (args.trace_out or args.report):
-            run_real(args, on_startup=printer.startup, on_step=on_step)
+            run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement)
             return 0
         from vime.real.telemetry import MemorySampler, MonotonicClock
         from vime.report.recorder import Recorder
@@ -114,7 +124,8 @@ def run_train(args: Any) -> int:
 
         recorder = Recorder(MonotonicClock())
         with MemorySampler(recorder) as sampler:
-            report = run_real(args, on_startup=printer.startup, on_step=on_step, observers=[recorder])
+            report = run_real(args, on_startup=printer.startup, on_step=on_step, observers=[recorder],
+                              on_placement=printer.placement)
         _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder)
         return 0
     finally:

@@ -274,8 +274,10 @@ class OutputConfig:
     csv: bool = opt(False, "print a sweep or search table as CSV", commands=("simulate",))
     workers: int | None = opt(None, "parallel processes for sweeps (default: all cores)", type=int,
                               commands=("simulate",))
-    ray_address: str | None = opt(None, "run sweep points on this Ray cluster instead of local processes",
-                                  metavar="ADDRESS", commands=("simulate",))
+    ray_address: str | None = opt(None, "a running Ray cluster to use (`ray start`, see README): vime train places "
+                                        "its engines and trainer ranks on its nodes (default: $RAY_ADDRESS when "
+                                        "set, else a private Ray on this machine); vime simulate runs sweep points "
+                                        "there instead of local processes", metavar="ADDRESS")
 
 
 @dataclass(frozen=True)

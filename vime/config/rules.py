@@ -9,8 +9,9 @@ from dataclasses import fields
 from typing import Any
 
 from vime.config.lengths import default_prompt_spec, default_response_spec, parse_length_spec
-from vime.config.options import GROUPS, DerivedConfig, _flags_of
+from vime.config.options import GROUPS, ClusterConfig, DerivedConfig, _flags_of
 from vime.errors import ConfigError
+from vime.placement import plan_placement
 
 #: Steps `vime simulate` runs when --num-rollout is not given.
 SIMULATE_DEFAULT_NUM_ROLLOUT = 2
@@ -50,6 +51,7 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
             v["num_rollout"] = SIMULATE_DEFAULT_NUM_ROLLOUT
     _check_ranges(v)
     actor_gpus, engines = _placement(v)
+    _real_placement(v, set(raw))
     dp = _parallelism(v)
     _batches(v)
     _lengths(v)
@@ -132,6 +134,28 @@ def _placement(v: dict[str, Any]) -> tuple[int, int]:
           f"divisor of {rg} (e.g. {_divisor_near(rg, per_engine)})")
     engines = rg // per_engine
     return actor_gpus, engines
+
+
+def _real_placement(v: dict[str, Any], given: set[str]) -> None:
+    """What the real backend adds to placement (seed step 3): every engine on one node, and a weight path
+    that reaches the engines where they are. The simulator models any GPU numbering and NCCL, so
+    `vime simulate` and ``--backend sim`` are not held to it."""
+    if v["backend"] != "real":
+        return
+    try:
+        plan_placement(ClusterConfig(**{f.name: v[f.name] for f in fields(ClusterConfig)}), use_gpus=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (--backend real; `vime simulate` models this layout)") from None
+    if v["colocate"] or v["update_weight_mode"] != "tensor":
+        return
+    # CUDA IPC hands each engine GPU memory of the trainer rank on the same GPU; disaggregated engines
+    # have none, and the real backend has no NCCL broadcast: the weights go through disk
+    _need("update_weight_mode" not in given,
+          "--update-weight-mode tensor sends CUDA-IPC buckets, which need every engine on the GPUs of its trainer "
+          "ranks (--colocate); the real backend has no NCCL path for --no-colocate engines: pass "
+          "--update-weight-mode disk (a directory every node can read), or --colocate, or --backend sim "
+          "(the simulator models the NCCL broadcast)")
+    v["update_weight_mode"] = "disk"
 
 
 def _parallelism(v: dict[str, Any]) -> int:

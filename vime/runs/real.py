@@ -12,8 +12,11 @@ from vime.runs.loop import build_orchestrator, build_rollout
 
 
 def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = None,
-             on_step: Callable[[StepReport], None] | None = None, observers: Sequence[Any] = ()) -> RunReport:
-    """Launch the real backends (`vime.real.session`), run start-up and every step on a real event loop."""
+             on_step: Callable[[StepReport], None] | None = None, observers: Sequence[Any] = (),
+             on_placement: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
+    """Launch the real backends (`vime.real.session`), run start-up and every step on a real event loop.
+
+    `on_placement` gets, once the backends are up, where they run (`vime.real.session.placement_report`)."""
     try:
         from vime.real.session import real_session
     except ImportError as exc:
@@ -24,6 +27,8 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
 
     async def main() -> RunReport:
         async with real_session(args) as session:
+            if on_placement is not None:
+                on_placement(session.placement)
             rollout = build_rollout(args, session.router, num_engines=len(session.engines),
                                     tokenizer=session.tokenizer)
             orch = build_orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,

@@ -19,7 +19,7 @@ def ray_local():
     """Local Ray on this machine's cores, shared by every Megatron test of the session."""
     import ray
 
-    from vime.real.megatron.placement import init_ray
+    from vime.real.cluster import init_ray
 
     started = not ray.is_initialized()
     init_ray(num_cpus=2)

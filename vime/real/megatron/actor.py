@@ -150,10 +150,26 @@ class MegatronActor:
 
     # --- process group and model ----------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
-        """Rank 0 picks the rendezvous address: this node's IP and a free port."""
+        """Rank 0 picks the rendezvous address: this node's IP and a port free on it (every rank,
+        on any node, connects there)."""
         import ray
 
-        return ray.util.get_node_ip_address(), free_port()
+        ip = ray.util.get_node_ip_address()
+        return ip, free_port(ip)
+
+    def exit_with_node(self) -> bool:
+        """Inside a Ray actor: end this process when its node's raylet dies (`vime.real.lifeline`), so a
+        failed node leaves no rank behind; False where that cannot be watched."""
+        from vime.real.lifeline import exit_with_raylet
+
+        return exit_with_raylet()
+
+    def where(self) -> dict[str, Any]:
+        """This rank's Ray node id, the node's IP and the process id (for the placement report)."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join torch.distributed (gloo on CPU, NCCL on GPU), build model, DDP and optimizer."""

