@@ -134,3 +134,56 @@ def test_bundle_b_is_the_simulators_gpu_b(argv: list[str]) -> None:
     plan = plan_placement(args.cluster, use_gpus=True)
     sim = build_sim_backends(args, start=False)
     assert sim.engine_gpus == {e.name: list(e.bundles) for e in plan.engines}
+
+
+def test_the_real_backend_checks_the_placement_at_parse_time() -> None:
+    """An engine across two nodes is refused for --backend real, and only there (the simulator models it)."""
+    from vime.config import parse_args
+
+    cross = ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "1", "--rollout-num-gpus-per-engine", "2",
+             "--tensor-model-parallel-size", "1"]
+    with pytest.raises(ConfigError, match=r"engine0 .* would span nodes 0 and 1.*--backend real"):
+        parse_args(cross, command="train")
+    assert parse_args(cross, command="simulate").rollout_num_engines == 1
+    assert parse_args([*cross, "--backend", "sim"], command="train").rollout_num_engines == 1
+
+
+def test_disaggregated_real_runs_publish_through_disk_and_refuse_explicit_cuda_ipc() -> None:
+    """CUDA IPC needs an engine on its trainer ranks' GPUs (seed step 3): --no-colocate picks disk on the real
+    backend, an explicit --update-weight-mode tensor is refused naming the alternatives, the simulator keeps it."""
+    from vime.config import parse_args
+
+    apart = ["--no-colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4",
+             "--tensor-model-parallel-size", "1"]
+    assert parse_args(apart, command="train").update_weight_mode == "disk"
+    assert parse_args(["--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "1"],
+                      command="train").update_weight_mode == "tensor"  # colocated: CUDA IPC stays
+    with pytest.raises(ConfigError, match="--update-weight-mode disk.*--colocate.*--backend sim"):
+        parse_args([*apart, "--update-weight-mode", "tensor"], command="train")
+    assert parse_args([*apart, "--update-weight-mode", "tensor"], command="simulate").update_weight_mode == "tensor"
+
+
+def test_train_dry_run_prints_the_placement_of_two_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from vime import cli
+
+    argv = ["train", "--backend", "real", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4",
+            "--rollout-num-gpus-per-engine", "2", "--tensor-model-parallel-size", "1", "--dry-run"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("placement: 2 node(s), 8 GPU(s) (colocated: engines on their trainer ranks' GPUs)")
+    assert out[at + 1:at + 3] == ["  node 0: GPUs 0-3; trainer ranks 0-3; engines engine0@0-1, engine1@2-3",
+                                  "  node 1: GPUs 0-3; trainer ranks 4-7; engines engine2@0-1, engine3@2-3"]
+    assert cli.main([*argv, "--json"]) == 0
+    placement = json.loads(capsys.readouterr().out)["placement"]
+    assert placement["num_nodes"] == 2
+    assert [n["trainer_ranks"] for n in placement["nodes"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [e["trainer_ranks"] for e in placement["nodes"][1]["engines"]] == [[4, 5], [6, 7]]
+
+
+def test_train_takes_a_ray_address() -> None:
+    from vime.config import parse_args
+
+    assert parse_args([], command="train").ray_address is None
+    assert parse_args(["--ray-address", "10.0.0.1:6379"], command="train").ray_address == "10.0.0.1:6379"
