@@ -163,6 +163,7 @@ class LocalCluster:
 def local_cluster(work: Path) -> Iterator[LocalCluster]:
     """A two-node cluster of this test's own, stopped on the way out; fails if any of its processes outlives it
     (after killing exactly those, so that no raylet or GCS of a test is left on the machine)."""
+    work.mkdir(parents=True, exist_ok=True)
     log = work / "cluster.log"
     # Ray notices a dead raylet within a couple of seconds instead of ~30 (test cluster only)
     env = _env(RAY_health_check_period_ms="500", RAY_health_check_timeout_ms="1000",
@@ -341,6 +342,11 @@ def test_without_an_address_ray_is_private_even_with_a_cluster_and_ray_address_a
             if proc.poll() is None:
                 proc.kill()
     assert got["nodes"] == 1 and got["gcs"] != cluster.address, got
+    # nor does the test cluster sit where a bare ray.init() on this machine looks (ray_current_cluster)
+    from ray._common.utils import get_ray_address_file
+
+    current = Path(get_ray_address_file(None))
+    assert not current.is_file() or current.read_text().strip() != cluster.address
     assert ray_processes, "the private Ray started no processes of its own"
     assert_all_gone(ray_processes)
 
@@ -392,8 +398,9 @@ class TrainRun:
                 "--micro-batch-size", "8", "--rollout-max-prompt-len", "16", "--rollout-max-response-len", "16",
                 "--rollout-max-context-len", "64", "--max-num-seqs", "64", "--max-num-batched-tokens", "2048",
                 "--vllm-server-concurrency", "64", "--num-rollout", str(num_rollout), "--lr", LR, "--seed", "1"]
-        env = _env(VIME_LOG_DIR=str(self.logs), VIME_VLLM_START_TIMEOUT="360",
-                   VIME_ACTOR_NUM_CPUS="0.5")  # a node's one CPU: a rank and an engine actor of 0.25 each
+        # a bundle of one CPU fills a node of the test cluster, so the two plan nodes land on two Ray nodes
+        # (the rank and its engine's actor take half each)
+        env = _env(VIME_LOG_DIR=str(self.logs), VIME_VLLM_START_TIMEOUT="360", VIME_ACTOR_NUM_CPUS="1")
         self.err = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.err, text=True, cwd=ROOT, env=env)
         self.events: list[dict[str, Any]] = []

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Any
 
 
@@ -31,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = ap.parse_args(argv)
     if not 1 <= opts.nodes <= 200:
         ap.error(f"--nodes {opts.nodes}: give 1 to 200")
+    # Ray's cluster utilities record the head's address in <temp dir>/ray_current_cluster (where a bare
+    # ray.init() would find and join it) and delete that file at shutdown: in a directory of its own,
+    # this cluster neither captures nor removes another cluster's entry on the machine
+    temp_dir = tempfile.mkdtemp(prefix="vime-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    os.environ["RAY_TMPDIR"] = temp_dir
     from ray.cluster_utils import Cluster
 
     common: dict[str, Any] = {"num_cpus": opts.num_cpus, "num_gpus": opts.num_gpus,
@@ -66,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         stopping = True
     finally:
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     return 130 if stopping else 0
 
 
