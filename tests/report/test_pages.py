@@ -162,6 +162,76 @@ def test_one_step_page_zooms_together_and_shows_values_on_hover(browser: Browser
     assert hi - lo == pytest.approx(doc["steps"][1]["t_step"], rel=1e-3)
 
 
+def test_measured_run_page_as_a_cpu_run_feeds_it(browser: Browser, tmp_path: Path) -> None:
+    """A real run's recorder: the orchestrator's phases and calls, host memory sampled (no GPU)."""
+    from vime.report.recorder import HOST, Recorder
+    from vime.runs.document import run_document
+
+    args = parse_args(["--backend", "sim", "--num-rollout", "2"], command="train")
+    sim = simulate(args)
+    rec = Recorder()
+    t0 = 1000.0  # a monotonic clock's seconds: the page starts at the run's first event
+    for name, rid, a, z in sim.backends.recorder.phase_spans:
+        rec.on_phase(name, True, t0 + a, rid)
+        rec.on_phase(name, False, t0 + z, rid)
+    for s in sim.backends.recorder.spans:
+        if s.track != "phases":
+            rec.on_call(s.track, s.name, t0 + s.t0, t0 + s.t1)
+    rec.on_memory(HOST, "host", "used", 2**30, total=2**30, t=t0 - 200)  # the servers' launch, before start-up
+    for i in range(60):
+        used = (3 + (i % 7) * 0.5) * 2**30
+        rec.on_memory(HOST, "host", "used", int(used), total=int(used), t=t0 + i * 0.5)
+    doc = run_document(args, sim.report, rec, {HOST: 16 * 2**30}, backend="real")
+    _show(browser, _write(tmp_path, "measured.html", render_html(doc, rec)))
+    b = browser
+    assert b.eval("document.querySelector('header .eyebrow').textContent").startswith("vime train (measured)")
+    assert b.eval("document.querySelector('#verdict').textContent").strip().startswith("✓ Ran to the end: T_step")
+    assert b.eval("document.querySelector('#memory-charts .group-title').textContent") == "Host memory in use"
+    assert _texts(b, "#memory-charts .legend .key") == ["host · in use (measured)"]
+    assert _texts(b, "#peaks tbody td:first-child") == ["host"]
+    assert "GPU -1" not in b.eval("document.body.textContent")
+    # the first view is start-up and the steps; the launch before them is one click away
+    first_phase = 200 + min(a for _, _, a, _ in sim.backends.recorder.phase_spans)
+    lo, hi = b.eval("[vimeReport.time.lo, vimeReport.time.hi]")
+    assert first_phase - 2 < lo < first_phase and b.eval("vimeReport.time.full[0]") == 0
+    b.eval("Array.from(document.querySelectorAll('#zoom-bar button')).find(x => x.textContent === 'everything recorded').click()")
+    assert b.eval("[vimeReport.time.lo, vimeReport.time.hi]") == [0, hi]
+    assert _texts(b, "#timeline .axis-x .tick text")[0] == "0 s"
+
+
+def test_uncertainty_bands_show_where_the_document_has_them(browser: Browser, two_steps: Any, tmp_path: Path) -> None:
+    """Issue 17 adds a band to each predicted phase: the table gives the range and the chart a whisker."""
+    doc, rec = two_steps
+    banded = json.loads(json.dumps(doc))
+    for p in banded["summary"]["phases"].values():
+        p["band"] = [round(p["seconds"] * 0.8, 4), round(p["seconds"] * 1.25, 4)]
+    t = banded["summary"]["t_step"]
+    banded["summary"]["t_step_band"] = [round(t * 0.85, 4), round(t * 1.2, 4)]
+    _show(browser, _write(tmp_path, "bands.html", render_html(banded, rec)))
+    assert browser.eval("document.querySelectorAll('#phase-chart g.band').length") == 1
+    assert _texts(browser, "#phases table tbody td:nth-child(3)")[0] == "4.80 s (3.84 s – 6.00 s)"
+    assert "range 8.65 s – 12.2 s" in browser.eval("document.querySelector('.kpis').textContent")
+
+
+def test_many_engines_fold_into_one_timeline_row(browser: Browser, two_steps: Any, tmp_path: Path) -> None:
+    from vime.report.recorder import Recorder
+
+    doc, rec = two_steps
+    many = Recorder()
+    many.phase_spans, many.samples = list(rec.phase_spans), list(rec.samples)
+    many.spans = [s for s in rec.spans if s.track != "engine0"]
+    for s in [s for s in rec.spans if s.track == "engine0"]:
+        many.spans += [type(s)(f"engine{i}", s.name, s.t0, s.t1, {}) for i in (0, *range(4, 16))]
+    _show(browser, _write(tmp_path, "engines.html", render_html(doc, many)))
+    engines = [t for t in _texts(browser, "#timeline text.row-label") if t.startswith("engine")]
+    assert engines == ["engine0", "engine1", "engine2", "engine3", "engine14", "engine15"]
+    assert "… 10 more engines" in _texts(browser, "#timeline text.row-label")
+    browser.eval("document.querySelector('button.expand-engines').click()")
+    engines = [t for t in _texts(browser, "#timeline text.row-label") if t.startswith("engine")]
+    assert len(engines) == 16 and browser.eval("document.querySelector('button.expand-engines').textContent") == \
+        "fold the engines"
+
+
 def test_identical_gpus_collapse_into_one_chart(browser: Browser, tmp_path: Path) -> None:
     sim = simulate(parse_args(["--num-rollout", "1", "--response-length", "fixed:256", "--prompt-length", "fixed:64"],
                               command="simulate"))

@@ -39,7 +39,7 @@ def run_compare(argv: Sequence[str]) -> int:
     from vime.inputs import read_json
     from vime.outputs import write_atomic
     from vime.report.compare import compare, format_table, read_mem, read_train, views_from_files
-    from vime.report.html import _layout_line, render_compare_html
+    from vime.report.html import layout_line, render_compare_html
 
     a = build_parser().parse_args(list(argv))
     for flag, path in (("--train", a.train), ("--mem", a.mem)):
@@ -63,7 +63,7 @@ def run_compare(argv: Sequence[str]) -> int:
         note = "" if measured else " — the run has no step (it stopped before its first one finished: see its log)"
         page = render_compare_html(doc, measured_view=measured_view, simulated_view=simulated_view,
                                    title=f"{model}: {Path(a.train).name} beside its simulation on {hw}",
-                                   sub=_layout_line(sim.get("config", {})) + note)
+                                   sub=layout_line(sim.get("config", {})) + note)
         write_atomic(a.report, page)
     if a.json:
         print(text)

@@ -148,7 +148,7 @@ def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any, printer: _Prin
         write_atomic(args.trace_out, json.dumps(recorder_trace(recorder), separators=(",", ":")))
     if args.report and args.compare_sim:
         from vime.report.compare import view_from_recorder
-        from vime.report.html import render_compare_html
+        from vime.report.html import layout_line, render_compare_html
         from vime.runs.twin import compare_with_twin, simulate_twin
 
         twin = simulate_twin(args, device_names or [])
@@ -161,15 +161,9 @@ def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any, printer: _Prin
         page = render_compare_html(
             cmp, measured_view=view_from_recorder(doc, recorder), simulated_view=view_from_recorder(twin.doc, twin.sim.backends.recorder),
             title=f"{what}: this run beside its simulation on {twin.doc['hardware']['name']}",
-            sub=f"{_layout(cfg)} · " + "; ".join(twin.notes), trace_href=trace_href(args))
+            sub=f"{layout_line(cfg)} · " + "; ".join(twin.notes), trace_href=trace_href(args))
         write_atomic(args.report, page)
     elif args.report:
         from vime.report.html import render_html
 
         write_atomic(args.report, render_html(doc, recorder, trace_href=trace_href(args)))
-
-
-def _layout(cfg: dict[str, Any]) -> str:
-    from vime.report.html import _layout_line
-
-    return _layout_line(cfg)

@@ -111,7 +111,7 @@ def _gpus_of(cfg: dict[str, Any]) -> int:
     return actor if cfg.get("colocate", True) else actor + int(cfg.get("rollout_num_gpus") or 0)
 
 
-def _layout_line(cfg: dict[str, Any]) -> str:
+def layout_line(cfg: dict[str, Any]) -> str:
     """One line of the layout: placement, parallelism, engines, batch."""
     if not cfg:
         return ""
@@ -121,6 +121,11 @@ def _layout_line(cfg: dict[str, Any]) -> str:
              f"{cfg.get('rollout_batch_size')} prompts × {cfg.get('n_samples_per_prompt')} samples",
              f"micro-batch {cfg.get('micro_batch_size')}"]
     return " · ".join(parts)
+
+
+def _dev(gpu: int) -> str:
+    """A device as people say it: "GPU 3", or "host" for host memory (device -1)."""
+    return "host" if gpu < 0 else f"GPU {gpu}"
 
 
 def _kpi(label: str, value: str, note: str = "", cls: str = "") -> str:
@@ -180,11 +185,11 @@ def _memory_table(doc: dict[str, Any]) -> str:
                               for k, v in parts[:6])
         if len(parts) > 6:
             breakdown += f", {len(parts) - 6} more"
-        rows.append([gpu_ranges(gpus), (fmt_gib(g["peak_gib"]), g["peak_gib"]), (fmt_gib(g["capacity_gib"]), g["capacity_gib"]),
+        rows.append(["host" if gpus == [-1] else gpu_ranges(gpus), (fmt_gib(g["peak_gib"]), g["peak_gib"]), (fmt_gib(g["capacity_gib"]), g["capacity_gib"]),
                      (bar, share), (fmt_gib(g["headroom_gib"]), g["headroom_gib"]),
                      PHASE_LABELS.get(g.get("peak_phase") or "", g.get("peak_phase") or "—"), breakdown])
     host = doc.get("memory", {}).get("host_pinned_peak_gib")
-    table = _table(["GPU", "peak", "capacity", "used", "headroom", "during", "held at the peak"], rows, num=(1, 2, 3, 4))
+    table = _table(["device", "peak", "capacity", "used", "headroom", "during", "held at the peak"], rows, num=(1, 2, 3, 4))
     if host:
         table += f'<p class="note">Host pinned memory peak: {_esc(fmt_gib(host))}.</p>'
     return table
@@ -262,7 +267,7 @@ def _verdict_banner(doc: dict[str, Any], measured: bool) -> str:
         what = "Ran to the end" if measured else "Fits"
         text = f"{what}: T_step {fmt_seconds(summary.get('t_step'))}"
         if worst is not None:
-            text += (f", smallest headroom {fmt_gib(worst['headroom_gib'])} on GPU {worst['gpu']}"
+            text += (f", smallest headroom {fmt_gib(worst['headroom_gib'])} on {_dev(worst['gpu'])}"
                      f" ({PHASE_LABELS.get(worst.get('peak_phase') or '', worst.get('peak_phase') or '—').lower()})")
         return f'<section class="verdict ok" id="verdict"><span class="icon">✓</span> {_esc(text)}</section>'
     o = v["oom"]
@@ -288,7 +293,7 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
         where = "this machine"
         what = cfg.get("hf_checkpoint") or "model"
         title = f"{what} on {where}"
-        eyebrow = f"vime train --backend {doc.get('backend', 'real')} · measured · {len(steps)} step(s)"
+        eyebrow = f"vime train (measured) · --backend {doc.get('backend', 'real')} · {len(steps)} step(s)"
     else:
         title = f"{doc.get('model', {}).get('name', cfg.get('model', ''))} on {_gpus_of(cfg)} × " \
                 f"{doc.get('hardware', {}).get('name', cfg.get('hardware', ''))}"
@@ -323,7 +328,7 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
     if mem:
         worst = max(mem, key=lambda g: g["peak_gib"] / g["capacity_gib"] if g["capacity_gib"] else 0)
         kpis.append(_kpi("Peak memory", f"{fmt_gib(worst['peak_gib'])} of {fmt_gib(worst['capacity_gib'])}",
-                         f"GPU {worst['gpu']}, headroom {fmt_gib(worst['headroom_gib'])}",
+                         f"{_dev(worst['gpu'])}, headroom {fmt_gib(worst['headroom_gib'])}",
                          "bad" if not doc["verdict"]["fits"] else ""))
     v = doc["verdict"]
     if not v["fits"]:
@@ -331,7 +336,7 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
         kpis.append(_kpi("Out of memory", f"short by {fmt_gib(o['short_by_gib'])}",
                          f"GPU {o['gpu']} at t = {fmt_seconds(o['time_s'])}", "bad"))
     body = [f'<header><div class="eyebrow">{_esc(eyebrow)}</div><h1>{_esc(title)}</h1>'
-            f'<p class="sub">{_esc(_layout_line(cfg))}</p></header>',
+            f'<p class="sub">{_esc(layout_line(cfg))}</p></header>',
             _verdict_banner(doc, measured),
             f'<section class="kpis">{"".join(kpis)}</section>']
     time_title = "Where a step's time goes" if steps else "What ran before the OOM"
@@ -443,7 +448,7 @@ def render_sweep_html(results: Sequence[Any], base: Any, *, kind: str = "sweep",
     else:
         eyebrow = "vime simulate --sweep " + " × ".join(f"{a.replace('_', '-')}" for a in axes)
         title = f"{model} on {hw}: {len(rows)} configurations"
-    sub = f"base: {_layout_line(cfg)}"
+    sub = f"base: {layout_line(cfg)}"
     best_idx = None
     if kind == "search" and best is not None:
         best_idx = next((i for i, r in enumerate(results) if r is best), None)

@@ -122,7 +122,7 @@
   function widthOf(el) { return Math.max(640, Math.floor(el.clientWidth || (document.querySelector("main") || body).clientWidth || 900)); }
 
   // ---------------------------------------------------------------------------------------------- shared time axis
-  var TIME = {lo: 0, hi: 1, full: [0, 1], charts: [], bar: null};
+  var TIME = {lo: 0, hi: 1, full: [0, 1], home: [0, 1], charts: [], bar: null};
   function setView(lo, hi, quiet) {
     var f = TIME.full, span = f[1] - f[0];
     lo = Math.max(f[0], lo); hi = Math.min(f[1], hi);
@@ -131,11 +131,11 @@
     TIME.charts.forEach(function (c) { if (c.visible()) c.render(); });
     updateBar();
     if (!quiet && window.history && history.replaceState) {
-      var whole = lo <= f[0] && hi >= f[1];
+      var whole = Math.abs(lo - TIME.home[0]) < 1e-9 && Math.abs(hi - TIME.home[1]) < 1e-9;
       try { history.replaceState(null, "", whole ? location.pathname + location.search : "#t=" + f2(lo) + "," + f2(hi)); } catch (e) { /* file: URLs in some browsers */ }
     }
   }
-  function resetView() { setView(TIME.full[0], TIME.full[1]); }
+  function resetView() { setView(TIME.home[0], TIME.home[1]); }
   function updateBar() {
     if (!TIME.bar) return;
     var f = TIME.full;
@@ -144,18 +144,31 @@
     });
     var r = TIME.bar.querySelector(".range");
     var whole = TIME.lo <= f[0] && TIME.hi >= f[1];
-    if (r) r.textContent = whole ? "the whole run: " + fmtS(f[0]) + " – " + fmtS(f[1]) :
+    if (r) r.textContent = whole ? "everything: " + fmtS(f[0]) + " – " + fmtS(f[1]) :
       "showing " + fmtS(TIME.lo) + " – " + fmtS(TIME.hi) + " (" + fmtS(TIME.hi - TIME.lo) + ") of " + fmtS(f[0]) + " – " + fmtS(f[1]);
   }
   function zoomBar(el, presets) {
     if (!el) return;
     TIME.bar = el;
     E("span", {}, el, "Zoom:");
-    var all = [{label: "whole run", t0: TIME.full[0], t1: TIME.full[1]}].concat(presets);
+    var head = [{label: "whole run", t0: TIME.home[0], t1: TIME.home[1]}];
+    if (TIME.lo > TIME.full[0] + 1e-9 || TIME.hi < TIME.full[1] - 1e-9) {
+      head.push({label: "everything recorded", t0: TIME.full[0], t1: TIME.full[1]});  // e.g. a real run's server launch
+    }
+    var all = head.concat(presets);
+    var steps = all.filter(function (p) { return /^step /.test(p.label); });
+    var many = steps.length > 8;  // a long run: the first and last steps as buttons, every step in a list
     all.forEach(function (p) {
+      if (many && steps.indexOf(p) > 0 && steps.indexOf(p) < steps.length - 1) return;
       var b = E("button", {type: "button", "data-t0": p.t0, "data-t1": p.t1, class: p.cls || ""}, el, p.label);
       b.addEventListener("click", function () { setView(p.t0, p.t1); });
     });
+    if (many) {
+      var sel = E("select", {"aria-label": "zoom to a step"}, el);
+      E("option", {value: ""}, sel, "step …");
+      steps.forEach(function (p, i) { E("option", {value: i}, sel, p.label); });
+      sel.addEventListener("change", function () { var p = steps[+sel.value]; if (p) setView(p.t0, p.t1); });
+    }
     E("span", {class: "range"}, el);
     updateBar();
   }
@@ -167,7 +180,8 @@
     c.render = function () {
       while (host.firstChild) host.removeChild(host.firstChild);
       var W = widthOf(host), w = W - LEFT - RIGHT, H = opts.height;
-      var svg = S("svg", {class: "vime-chart time-chart " + (opts.cls || ""), width: W, height: H, viewBox: "0 0 " + W + " " + H}, host);
+      var svg = S("svg", {class: "vime-chart time-chart " + (opts.cls || ""), width: W, height: H, viewBox: "0 0 " + W + " " + H,
+        role: "img", "aria-label": opts.label || opts.cls || "chart"}, host);
       var clip = "clip" + (++uid), defs = S("defs", {}, svg), cp = S("clipPath", {id: clip}, defs);
       S("rect", {x: LEFT, y: 0, width: w, height: H}, cp);
       var lo = TIME.lo, hi = TIME.hi;
@@ -243,21 +257,31 @@
   function bisect(ts, t) { var lo = 0, hi = ts.length - 1; if (!ts.length || t < ts[0]) return -1; while (lo < hi) { var m = (lo + hi + 1) >> 1; if (ts[m] <= t) lo = m; else hi = m - 1; } return lo; }
 
   // ---------------------------------------------------------------------------------------------- one run: timeline
-  function drawTimeline(host, V, extraRows) {
+  /* Engines beyond this many are folded into one row (first and last kept) until the reader asks for all. */
+  var MAX_ENGINE_ROWS = 8;
+  function drawTimeline(host, V, extraRows, expanded) {
     var steps = V.windows || [], rows = [];
     rows.push({kind: "steps", label: "", h: 16});
     (extraRows || [{kind: "phases", label: "phases", phases: V.phases}]).forEach(function (r) { rows.push({kind: "phases", label: r.label, phases: r.phases, h: 22}); });
-    (V.tracks || []).forEach(function (tr) { rows.push({kind: "track", label: tr.label, track: tr, h: Math.max(1, tr.lanes) * 11 + 5}); });
+    var tracks = V.tracks || [], engines = tracks.filter(function (t) { return /engine\d+$/.test(t.name); });
+    var fold = !expanded && engines.length > MAX_ENGINE_ROWS ? engines.slice(4, engines.length - 2) : [];
+    tracks.forEach(function (tr) {
+      var k = fold.indexOf(tr);
+      if (k > 0) return;
+      if (k === 0) { rows.push({kind: "more", label: "… " + fold.length + " more engines", h: 14}); return; }
+      rows.push({kind: "track", label: tr.label, track: tr, h: Math.max(1, tr.lanes) * 11 + 5});
+    });
     var y = 4;
     rows.forEach(function (r) { r.y = y; y += r.h + 2; });
     var plotH = y - 4, H = y + 26;
     var names = V.call_names || [], colors = V.call_colors || [];
-    var chart = timeChart(host, {height: H, plotTop: 4, plotH: plotH, cls: "timeline",
+    var chart = timeChart(host, {height: H, plotTop: 4, plotH: plotH, cls: "timeline", label: "timeline of phases and calls",
       draw: function (svg, plot, sc) {
         vGrid(svg, sc, 4, plotH);
         rows.forEach(function (r, i) {
           if (i % 2 === 0 && r.kind === "track") S("rect", {x: sc.left, y: r.y - 1, width: sc.w, height: r.h + 2, fill: "#f7f8fa"}, plot);
-          if (r.label) S("text", {x: sc.left - 8, y: r.y + r.h / 2 + 4, "text-anchor": "end", class: "row-label"}, svg, r.label);
+          if (r.label) S("text", {x: sc.left - 8, y: r.y + r.h / 2 + 4, "text-anchor": "end", class: "row-label" + (r.kind === "more" ? " more" : "")}, svg, r.label);
+          if (r.kind === "more") return;
           if (r.kind === "steps") {
             steps.forEach(function (s, j) {
               var x0 = sc.x(s.t0), x1 = sc.x(s.t1);
@@ -268,7 +292,8 @@
             r.phases.forEach(function (p) {
               var x0 = sc.x(p.t0), x1 = sc.x(p.t1);
               S("rect", {x: x0, y: r.y, width: Math.max(0.5, x1 - x0), height: r.h, fill: p.color, class: "phase-span", "data-phase": p.name}, plot);
-              if (x1 - x0 > 60) S("text", {class: "seg-label", x: Math.max(x0, sc.left) + 4, y: r.y + 15}, plot, p.label);
+              var vis = Math.min(x1, sc.left + sc.w) - Math.max(x0, sc.left);
+              if (vis > 30) fitLabel(plot, Math.max(x0, sc.left) + 4, r.y + 15, vis - 8, [p.label]);
             });
           } else {
             r.track.spans.forEach(function (s) {
@@ -283,13 +308,14 @@
           S("line", {x1: x, x2: x, y1: 2, y2: 4 + plotH}, g);
           S("text", {x: x - 4, y: 14, "text-anchor": "end"}, g, "✕ OOM on GPU " + V.oom.gpu);
         }
-        xAxis(svg, sc, 4 + plotH + 2, "time");
+        xAxis(svg, sc, 4 + plotH + 2, "");
       },
       hover: function (t, py) {
         var row = null;
         rows.forEach(function (r) { if (py >= r.y && py <= r.y + r.h + 2) row = r; });
         if (!row) return null;
         var head = '<div class="tip-title">t = ' + fmtS(t) + "</div>";
+        if (row.kind === "more") return head + esc(row.label) + ": the button under the timeline shows every engine";
         if (row.kind === "steps") {
           var w = steps.filter(function (s) { return s.t0 <= t && t < s.t1; })[0];
           return w ? head + esc(w.label) + ": " + fmtS(w.t1 - w.t0) : head;
@@ -306,7 +332,18 @@
     (V.tracks || []).forEach(function (tr) { tr.spans.forEach(function (s) { used[s[2]] = 1; }); });
     var phaseSeen = {}, items = [];
     (extraRows || [{phases: V.phases}]).forEach(function (r) { r.phases.forEach(function (p) { if (!phaseSeen[p.name]) { phaseSeen[p.name] = 1; items.push({key: "phase:" + p.name, label: p.label, color: p.color}); } }); });
-    var lg = legend(host.parentNode.insertBefore(E("div"), host.nextSibling), items, "phase-legend");
+    var lgHost = host.parentNode.insertBefore(E("div", {class: "timeline-legend"}), host.nextSibling);
+    var lg = legend(lgHost, items, "phase-legend");
+    if (fold.length || (expanded && engines.length > MAX_ENGINE_ROWS)) {
+      var btn = E("button", {type: "button", class: "expand-engines"}, lgHost.insertBefore(E("div", {class: "toolbar"}), lgHost.firstChild),
+        expanded ? "fold the engines" : "show all " + engines.length + " engines");
+      btn.addEventListener("click", function () {
+        TIME.charts.splice(TIME.charts.indexOf(chart), 1);
+        while (host.firstChild) host.removeChild(host.firstChild);
+        lgHost.parentNode.removeChild(lgHost);
+        drawTimeline(host, V, extraRows, !expanded);
+      });
+    }
     if (Object.keys(used).length) {
       E("span", {class: "key", style: "color:#5d6675"}, lg, "calls:");
       names.forEach(function (n, i) { if (used[i]) { var k = E("span", {class: "key", "data-key": "call:" + n}, lg); var sw = E("i", {}, k); sw.style.background = colors[i]; k.appendChild(document.createTextNode(n)); } });
@@ -330,7 +367,7 @@
     var top = 8, h = 150, H = top + h + 26;
     var yt = linTicks(0, ymax, 4);
     function y(v) { return top + h - v / ymax * h; }
-    return timeChart(host, {height: H, plotTop: top, plotH: h, cls: "memory",
+    return timeChart(host, {height: H, plotTop: top, plotH: h, cls: "memory", label: "memory over time, " + (gpuLabel || group.label),
       draw: function (svg, plot, sc) {
         var g = S("g", {class: "grid"}, svg);
         yt.forEach(function (v) { S("line", {x1: sc.left, x2: sc.left + sc.w, y1: y(v), y2: y(v)}, g); });
@@ -435,7 +472,7 @@
       var on = ownerNote(group);
       if (on) notes.push(on);
       if (hasOom) notes.push("out of memory on GPU " + V.oom.gpu + " at " + fmtS(V.oom.t));
-      if (group.host) notes = ["pinned host buffers the offloads copy into (all engines and ranks together)"];
+      if (group.host) notes = [group.note];
       E("span", {class: "group-note"}, head, notes.join("; "));
       var chartHost = E("div", {class: "chart"}, box);
       memoryChart(chartHost, group, group, V, legendMap, group.host ? "host" : group.label);
@@ -467,6 +504,18 @@
     });
   }
 
+  /* The first of `texts` that fits in `room` pixels, as a segment label (none when none fits). */
+  function fitLabel(parent, x, y, room, texts, color) {
+    if (room < 14) return null;
+    var t = S("text", {class: "seg-label", x: x, y: y, style: color ? "fill:" + color : null}, parent, texts[0]);
+    for (var i = 0; i < texts.length; i++) {
+      t.textContent = texts[i];
+      if (t.getComputedTextLength() <= room) return t;
+    }
+    parent.removeChild(t);
+    return null;
+  }
+
   // ---------------------------------------------------------------------------------------------- phase bars
   function phaseBars(host, rows) {
     if (!host || !rows || !rows.length) return;
@@ -494,7 +543,8 @@
             (band ? "<br>range " + fmtS(band[0]) + " – " + fmtS(band[1]) : "") + "<br>" + esc(r.label), ev);
         });
         rect.addEventListener("mouseleave", hideTip);
-        if (s.s * scale > 70) S("text", {class: "seg-label", x: x(acc) + 5, y: y0 + 16}, svg, s.label + (r.oom ? "" : " " + pct.toFixed(0) + "%"));
+        fitLabel(svg, x(acc) + 5, y0 + 16, s.s * scale - 8, [s.label + (r.oom ? "" : " " + pct.toFixed(0) + " %"), s.label, pct.toFixed(0) + " %"],
+          last ? "#b42318" : null);
         acc += s.s;
         if (!seen[s.name]) { seen[s.name] = 1; items.push({key: "phase:" + s.name, label: s.label, color: s.color}); }
       });
@@ -524,16 +574,35 @@
   }
 
   // ---------------------------------------------------------------------------------------------- page: one run
-  function initTime(lo, hi) {
+  /* The axis covers [lo, hi] (everything recorded); the first view is [vlo, vhi] (the phases: a real run's
+     server launch before start-up stays one click away), or the #t=a,b of the address. */
+  function initTime(lo, hi, vlo, vhi) {
     TIME.full = [lo, hi > lo ? hi : lo + 1];
-    TIME.lo = TIME.full[0]; TIME.hi = TIME.full[1];
+    TIME.lo = Math.max(TIME.full[0], vlo === undefined ? lo : vlo); TIME.hi = Math.min(TIME.full[1], vhi === undefined ? hi : vhi);
+    if (!(TIME.hi > TIME.lo)) { TIME.lo = TIME.full[0]; TIME.hi = TIME.full[1]; }
+    TIME.home = [TIME.lo, TIME.hi];
     var m = /#t=(-?[\d.]+),(-?[\d.]+)/.exec(location.hash || "");
     if (m && +m[2] > +m[1]) { TIME.lo = Math.max(TIME.full[0], +m[1]); TIME.hi = Math.min(TIME.full[1], +m[2]); }
+  }
+  /* The first view: everything, unless what precedes the first phase (a real run's server launch) is longer
+     than half of what follows it; then from just before the first phase. */
+  function phaseExtent(phases, start, end) {
+    if (!phases || !phases.length) return [undefined, undefined];
+    var lo = Math.min.apply(null, phases.map(function (p) { return p.t0; }));
+    if (lo - start <= 0.5 * (end - lo)) return [start, end];
+    return [lo - 0.02 * (end - lo), end];
+  }
+  /* The left gutter fits the longest row label of the page's time charts. */
+  function sizeGutter(labels) {
+    var w = textWidths(document.querySelector("main") || body, labels);
+    LEFT = Math.max(150, Math.min(280, Math.ceil(Math.max.apply(null, w.concat([0])) + 24)));
   }
   function runPage() {
     var V = D.view;
     phaseBars(document.getElementById("phase-chart"), D.bars);
-    initTime(0, V.t_end);
+    sizeGutter((V.tracks || []).map(function (t) { return t.label; }).concat(["phases", "… 00 more engines"]));
+    var t0 = Math.min(0, V.t_start || 0), ext = D.measured ? phaseExtent(V.phases, t0, V.t_end) : [t0, V.t_end];
+    initTime(t0, V.t_end, ext[0], ext[1]);
     var presets = (V.windows || []).slice();
     if (V.oom) {
       var last = presets.filter(function (p) { return p.t0 <= V.oom.t; }).pop();
@@ -565,7 +634,7 @@
     var ts = (tw - 56) / Math.max(tmax, tt[tt.length - 1]), gs = mw / Math.max(gmax, gt[gt.length - 1]);
     var x0 = labelW, m0 = labelW + tw + gapW;
     S("text", {x: x0, y: 12, "font-weight": 600}, svg, "T_step by phase");
-    S("text", {x: m0, y: 12, "font-weight": 600}, svg, "peak memory of the fullest GPU against its capacity");
+    S("text", {x: m0, y: 12, "font-weight": 600}, svg, "peak memory (fullest GPU) and capacity");
     var grid = S("g", {class: "grid"}, svg);
     tt.forEach(function (v) { S("line", {x1: x0 + v * ts, x2: x0 + v * ts, y1: top, y2: H - 22}, grid); });
     gt.forEach(function (v) { S("line", {x1: m0 + v * gs, x2: m0 + v * gs, y1: top, y2: H - 22}, grid); });
@@ -670,8 +739,9 @@
     if (spec.legend) legend(host, spec.legend);
   }
   function sweepPage() {
-    var rows = D.rows;
-    rankChart(document.getElementById("rank-chart"), rows, D.best);
+    var rows = D.rows, host = document.getElementById("rank-chart"), cap = 60;
+    rankChart(host, rows.length > cap ? rows.slice(0, cap) : rows, D.best !== null && D.best < cap ? D.best : null);
+    if (rows.length > cap) E("p", {class: "note rank-cut"}, host, "The first " + cap + " of " + rows.length + " configurations; the table below has all of them.");
     var tip = function (r) {
       var t = [{k: "T_step", v: fmtS(r.t_step)}, {k: "GPUs", v: r.gpus}, {k: "GPU·s per step", v: fmtN(r.gpu_s_step)}, {k: "GPU·s per 1k samples", v: fmtN(r.gpu_s_1k)}, {k: "peak memory", v: fmtG(r.peak_gib)}];
       return '<div class="tip-title">' + esc(r.rank + ". " + r.label) + "</div>" + (r.status === "fits" ? tipRows(t) : esc(r.reason || r.status));
@@ -786,7 +856,11 @@
     if (!sides.length) return;
     var lo = Math.min.apply(null, sides.map(function (s) { return s.view.t_start || 0; }));
     var hi = Math.max.apply(null, sides.map(function (s) { return s.view.t_end; }));
-    initTime(lo, hi);
+    var allPhases = [];
+    sides.forEach(function (s) { allPhases = allPhases.concat(s.view.phases || []); });
+    sizeGutter(sides.map(function (s) { return s.name; }).concat((sides[0].view.tracks || []).map(function (t) { return sides[0].name + " · " + t.label; })));
+    var ext = phaseExtent(allPhases, lo, hi);
+    initTime(lo, hi, ext[0], ext[1]);
     var windows = (sides[0].view.windows || []);
     zoomBar(document.getElementById("zoom-bar"), windows);
     var V0 = {windows: windows, phases: sides[0].view.phases, tracks: (sides[0].view.tracks || []).map(function (t) {
@@ -837,6 +911,9 @@
         });
       }
       var names = Object.keys(e.sides), all = [];
+      if (!e.sides[sides[0].name] && sides.length > 1) {
+        E("span", {class: "group-note"}, head, "no " + sides[0].name + " memory for this GPU (a run without NVML samples its host memory, drawn on its own page)");
+      }
       names.forEach(function (n) { all = all.concat(e.sides[n].v); });
       Object.keys(e.peaks).forEach(function (k) { all.push(e.peaks[k]); });
       var ymax = Math.max.apply(null, all.concat([e.capacity || 0, 1e-9])) * 1.08, yt = linTicks(0, ymax, 4), top = 8, h = 140;

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vime.report.recorder import HOST, MemorySample, Recorder, Span
+from vime.report.trace import lanes as _lanes
 
 GiB = 1024**3
 MiB = 1024**2
@@ -56,6 +57,8 @@ CALL_COLORS = {"generate": "#4e79a7", "sleep": "#f28e2b", "allocator.sleep": "#f
 
 #: Most change points one memory chart keeps (peaks are kept; see `_downsample`).
 MAX_POINTS = 3000
+#: Up to this many steps each gets its phase bar; beyond, the mean, the fastest and the slowest.
+MAX_STEP_BARS = 6
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,22 +164,6 @@ def _r(x: float, nd: int = 6) -> float:
 # --------------------------------------------------------------------------------------------
 # One run: timeline, phases, memory per GPU group
 # --------------------------------------------------------------------------------------------
-
-
-def _lanes(spans: Sequence[Span]) -> list[tuple[int, Span]]:
-    """Overlapping spans of one track get separate lanes (the first lane whose last span has ended)."""
-    ends: list[float] = []
-    out: list[tuple[int, Span]] = []
-    for s in sorted(spans, key=lambda s: (s.t0, -s.t1, s.name)):
-        for lane, end in enumerate(ends):
-            if end <= s.t0 + 1e-12:
-                ends[lane] = s.t1
-                break
-        else:
-            lane = len(ends)
-            ends.append(s.t1)
-        out.append((lane, s))
-    return out
 
 
 def _track_label(track: str) -> str:
@@ -321,9 +308,15 @@ def memory_groups(recorder: Recorder, capacity: dict[int, int], origin: float, *
         cap = capacity.get(gpus[0])
         host = gpus == [HOST]
         many = len(gpus) > 1
-        label = "Host (pinned) memory" if host else (f"GPUs {gpu_ranges(gpus)}" if many else f"GPU {gpus[0]}")
+        measured_host = host and set(variants[0]["series"]) <= {"host/used"}
+        label = ("Host memory in use" if measured_host else "Host (pinned) memory") if host else (
+            f"GPUs {gpu_ranges(gpus)}" if many else f"GPU {gpus[0]}")
+        note = ""
+        if host:
+            note = ("what the machine reports in use (MemTotal − MemAvailable): a run without GPUs" if measured_host
+                    else "pinned host buffers the offloads copy into (all engines and ranks together)")
         groups.append({
-            "gpus": gpus, "host": host, "label": label,
+            "gpus": gpus, "host": host, "label": label, "note": note,
             "kind": "identical" if len(cl) == 1 and many else ("alike" if many else "one"),
             "capacity_gib": None if cap is None else _r(cap / GiB, 4),
             "t": variants[0]["t"], "series": variants[0]["series"], "shown_gpu": variants[0]["gpus"][0],
@@ -433,10 +426,16 @@ def phase_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(summary.get("t_step_band"), list):
             row["total_band"] = summary["t_step_band"]
         rows.append(row)
+        shown = steps
+        if len(steps) > MAX_STEP_BARS:  # a long run: the extremes say how much steps vary
+            fast = min(steps, key=lambda s: (s["t_step"], s["rollout_id"]))
+            slow = max(steps, key=lambda s: (s["t_step"], -s["rollout_id"]))
+            shown = [fast, slow]
         if len(steps) > 1:
-            for s in steps:
+            for s in shown:
                 extra = {"gap": s.get("t_gap", 0.0)}
-                rows.append({"label": f"step {s['rollout_id']}", "total": s["t_step"],
+                what = "" if shown is steps else (" (fastest)" if s is shown[0] else " (slowest)")
+                rows.append({"label": f"step {s['rollout_id']}{what}", "total": s["t_step"],
                              "segments": segs({**s["phases"], **extra})})
     return rows
 
