@@ -162,13 +162,12 @@ def test_one_step_page_zooms_together_and_shows_values_on_hover(browser: Browser
     assert hi - lo == pytest.approx(doc["steps"][1]["t_step"], rel=1e-3)
 
 
-def test_measured_run_page_as_a_cpu_run_feeds_it(browser: Browser, tmp_path: Path) -> None:
-    """A real run's recorder: the orchestrator's phases and calls, host memory sampled (no GPU)."""
+def _cpu_run(args: Any, sim: Any) -> tuple[dict[str, Any], Any]:
+    """A real CPU run's document and recorder as `vime train` makes them: the orchestrator's phases and calls
+    (here the simulation's, on a monotonic clock's seconds), host memory sampled, no GPU."""
     from vime.report.recorder import HOST, Recorder
     from vime.runs.document import run_document
 
-    args = parse_args(["--backend", "sim", "--num-rollout", "2"], command="train")
-    sim = simulate(args)
     rec = Recorder()
     t0 = 1000.0  # a monotonic clock's seconds: the page starts at the run's first event
     for name, rid, a, z in sim.backends.recorder.phase_spans:
@@ -181,7 +180,13 @@ def test_measured_run_page_as_a_cpu_run_feeds_it(browser: Browser, tmp_path: Pat
     for i in range(60):
         used = (3 + (i % 7) * 0.5) * 2**30
         rec.on_memory(HOST, "host", "used", int(used), total=int(used), t=t0 + i * 0.5)
-    doc = run_document(args, sim.report, rec, {HOST: 16 * 2**30}, backend="real")
+    return run_document(args, sim.report, rec, {HOST: 16 * 2**30}, backend="real"), rec
+
+
+def test_measured_run_page_as_a_cpu_run_feeds_it(browser: Browser, tmp_path: Path) -> None:
+    args = parse_args(["--backend", "sim", "--num-rollout", "2"], command="train")
+    sim = simulate(args)
+    doc, rec = _cpu_run(args, sim)
     _show(browser, _write(tmp_path, "measured.html", render_html(doc, rec)))
     b = browser
     assert b.eval("document.querySelector('header .eyebrow').textContent").startswith("vime train (measured)")
@@ -354,6 +359,31 @@ def test_train_compare_sim_page_draws_both_runs_with_the_error_of_each_phase(bro
     assert b.eval("document.querySelectorAll('#memory-charts rect.phase-band').length") >= 12
     b.eval("document.querySelector('#memory-charts button.expand').click()")
     assert b.eval("document.querySelectorAll('#memory-charts .mem-line').length") == 16  # all 8 GPUs, both runs
+
+
+def test_a_cpu_run_beside_its_simulation_draws_its_host_memory_apart(browser: Browser, tmp_path: Path) -> None:
+    """A run without GPUs measured the host's memory in use: the compare page draws it in its own chart, and
+    each simulated GPU says it has no measured line."""
+    from vime.report.compare import view_from_recorder
+    from vime.report.html import render_compare_html
+    from vime.runs.twin import Twin, compare_with_twin
+
+    args = parse_args(["--backend", "sim", "--num-rollout", "2"], command="train")
+    sim = simulate(args)
+    doc, rec = _cpu_run(args, sim)
+    twin = Twin(sim, build_document(sim), ["simulated on H100-SXM-80G (the default; pass --hardware for your GPU)"])
+    cmp = compare_with_twin(doc, rec, twin)
+    assert "memory" not in cmp  # no GPU was measured: no peak to compare
+    page = render_compare_html(cmp, measured_view=view_from_recorder(doc, rec),
+                               simulated_view=view_from_recorder(twin.doc, sim.backends.recorder), title="cpu run")
+    _show(browser, _write(tmp_path, "cpu-compare.html", page))
+    b = browser
+    titles = _texts(b, "#memory-charts .group-title")
+    assert titles == ["GPU 0", "Host memory in use (measured)"], titles
+    assert b.eval("document.querySelectorAll('#memory-charts [data-gpus=host] .mem-line[data-side=measured]').length") == 1
+    assert "no measured memory for this GPU (a run without GPUs measures the host's memory, drawn below)" in \
+        b.eval("document.querySelector('#memory-charts .gpu-group').textContent")
+    assert "GPU -1" not in b.eval("document.body.textContent")
 
 
 def test_compare_page_of_the_measured_h200_run(browser: Browser, tmp_path: Path) -> None:

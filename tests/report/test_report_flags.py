@@ -70,13 +70,21 @@ def test_the_winning_command_parses_as_printed_on_vime_train_and_the_search_page
     assert not flags & {"--search", "--max-gpus", "--workers", "--report", "--num-rollout", "--json"}
     placeholder = words[words.index("--hf-checkpoint") + 1]
     assert placeholder == "/path/to/Qwen3-0.6B-hf-checkpoint"
-    assert f"{placeholder} is a placeholder" in out and "add --prompt-data" in out
+    prompts = words[words.index("--prompt-data") + 1]
+    assert prompts == "/path/to/prompts.jsonl"
+    assert f"{placeholder} is a placeholder" in out and f"{prompts} is a placeholder: your prompts" in out
     assert "GPU·s per step" in out and "gpu_s_per_1k" in out.splitlines()[0]
-    rc, cfg_text, err = _run([*words[1:], "--dry-run", "--json"], capsys)  # the words exactly as printed
+    # as printed, the run stops before any work, in one line naming the placeholder to fill in
+    rc, _, err = _run([*words[1:], "--dry-run"], capsys)
+    assert rc == 2 and f"--prompt-data {prompts}: file not found" in err and len(err.strip().splitlines()) == 1, err
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1 + 1 = ?"}\n')
+    filled = [str(data) if w == prompts else w for w in words[1:]]  # the words as printed, the prompts filled in
+    rc, cfg_text, err = _run([*filled, "--dry-run", "--json"], capsys)
     assert rc == 0, err
     cfg = json.loads(cfg_text)
     assert cfg["command"] == "train" and cfg["backend"] == "real" and cfg["hf_checkpoint"] == placeholder
-    assert cfg["rollout_batch_size"] == 8
+    assert cfg["rollout_batch_size"] == 8 and cfg["prompt_data"] == str(data)
     assert page.is_file() and 'data-kind="search"' in page.read_text()
 
 
@@ -99,10 +107,13 @@ def test_sweep_report_is_written_and_a_bool_sweep_prints_valid_train_words(tmp_p
     assert rc == 0, err
     doc = json.loads(out)
     assert page.is_file() and 'data-kind="sweep"' in page.read_text()
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1 + 1 = ?"}\n')
     for r in doc["results"]:
         assert r["gpu_s_per_step"] == pytest.approx(r["gpus"] * r["t_step"], rel=1e-5)
         assert r["capacity_gib"] > 0 and r["samples"] == 64
-        rc, _, err = _run([*r["argv"][1:], "--dry-run"], capsys)
+        words = [str(data) if w == "/path/to/prompts.jsonl" else w for w in r["argv"][1:]]
+        rc, _, err = _run([*words, "--dry-run"], capsys)
         assert rc == 0, (r["argv"], err)
 
 

@@ -199,9 +199,12 @@ def test_search_returns_a_configuration_the_simulator_confirms():
     best, ranked = search(base, goal="fastest", max_gpus=2, workers=1, max_tries=2)
     assert best is not None and ranked[0] is best
     # Re-simulate the winner from its printed command line (plus what only the simulator reads, which a
-    # `vime train` line leaves out): it fits and gives the same T_step.
+    # `vime train` line leaves out, and less the prompts' placeholder: the search drew prompt lengths): it
+    # fits and gives the same T_step.
     assert best.argv[:2] == ["vime", "train"]
-    again = simulate(parse_args(best.argv[2:] + ["--num-rollout", "1", "--model", "Qwen3-0.6B"], command="simulate"))
+    i = best.argv.index("--prompt-data")
+    words = best.argv[2:i] + best.argv[i + 2:]
+    again = simulate(parse_args(words + ["--num-rollout", "1", "--model", "Qwen3-0.6B"], command="simulate"))
     assert again.fits
     assert again.steps[0].t_step == pytest.approx(best.t_step, abs=1e-5)  # the table rounds to 1 µs
 

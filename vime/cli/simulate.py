@@ -236,8 +236,6 @@ def run_sweep_command(args: Args) -> int:
                 print(" ".join(best.argv))
                 for word, what in placeholders(best.argv).items():
                     print(f"  {word} is a placeholder: {what}")
-                if not args.prompt_data:
-                    print("  add --prompt-data FILE.jsonl: your prompts (the search simulated prompts of --prompt-length)")
         return 0 if best is not None else 3
     points = parse_sweep(args.sweep, max_points=int(args.max_points))
     axes = list(points[0]) if points else []

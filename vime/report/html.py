@@ -498,11 +498,19 @@ def render_sweep_html(results: Sequence[Any], base: Any, *, kind: str = "sweep",
 # --------------------------------------------------------------------------------------------
 
 
-def _err_cell(e: float | None) -> Any:
+def _err_cell(e: float | None, minor: bool = False) -> Any:
+    """An error in %, coloured by size; `minor` (a phase too short to matter) is greyed whatever its size."""
     if e is None:
         return ("—", "")
-    cls = "good" if abs(e) <= 10 else ("warn" if abs(e) <= 25 else "bad")
-    return (_Raw(f'<span class="err {cls}">{e:+.1f} %</span>'), e)
+    cls = "minor" if minor else ("good" if abs(e) <= 10 else ("warn" if abs(e) <= 25 else "bad"))
+    note = ' title="under 1 % of T_step either way: its error hardly moves T_step"' if minor else ""
+    return (_Raw(f'<span class="err {cls}"{note}>{e:+.1f} %</span>'), e)
+
+
+def _minor(r: dict[str, Any], t_step: dict[str, Any]) -> bool:
+    """Measured and simulated both under 1 % of the measured T_step."""
+    total = t_step.get("measured_s") or 0
+    return total > 0 and max(r.get("measured_s") or 0, r.get("predicted_s") or 0) < 0.01 * total
 
 
 def render_compare_html(cmp: dict[str, Any], *, measured_view: dict[str, Any] | None, simulated_view: dict[str, Any] | None,
@@ -533,7 +541,7 @@ def render_compare_html(cmp: dict[str, Any], *, measured_view: dict[str, Any] | 
             + (f'<div class="counts">{_esc("; ".join(problems))}</div>' if problems else "") + "</section>"]
     body.append('<section id="phase-compare"><h2>Each phase, measured and simulated</h2><p class="hint">Mean over the '
                 'steady steps (rollout id ≥ 1, or all steps when there is only one); error = (simulated − measured) ÷ '
-                'measured.</p><div class="chart" id="compare-chart"></div></section>')
+                'measured (grey where the phase is under 1 % of T_step).</p><div class="chart" id="compare-chart"></div></section>')
     rows = []
     for p in (*PHASE_ORDER, "t_gap", "t_step"):
         r = mean.get(p)
@@ -542,7 +550,8 @@ def render_compare_html(cmp: dict[str, Any], *, measured_view: dict[str, Any] | 
         label = _Raw("<b>T_step</b>") if p == "t_step" else (
             PHASE_LABELS["gap"] if p == "t_gap" else _Raw(_swatch(PHASE_COLORS.get(p, "#999")) + _esc(PHASE_LABELS.get(p, p))))
         rows.append([label, (fmt_seconds(r.get("measured_s")), r.get("measured_s") or ""),
-                     (fmt_seconds(r.get("predicted_s")), r.get("predicted_s") or ""), _err_cell(r.get("error_pct"))])
+                     (fmt_seconds(r.get("predicted_s")), r.get("predicted_s") or ""),
+                     _err_cell(r.get("error_pct"), minor=p != "t_step" and _minor(r, t))])
     body.append(_table(["phase", "measured", "simulated", "error"], rows, num=(1, 2, 3)))
     srows = []
     for s in cmp.get("steps", []):

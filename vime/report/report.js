@@ -408,7 +408,7 @@
           Object.keys(group.peaks_gib).forEach(function (name) {
             var py = y(group.peaks_gib[name]);
             S("line", {class: "sim-peak", x1: sc.left, x2: sc.left + sc.w, y1: py, y2: py, stroke: "#59a14f", "stroke-dasharray": "2 3", "stroke-width": 2}, svg);
-            S("text", {x: sc.left + 4, y: py - 4, fill: "#3d7a37"}, svg, name + " " + fmtG(group.peaks_gib[name]));
+            S("text", {x: sc.left + 4, y: py - 4, fill: "#3d7a37", class: "halo"}, svg, name + " " + fmtG(group.peaks_gib[name]));
           });
         }
         if (oom) {
@@ -658,7 +658,7 @@
           (r.reason || r.status).slice(0, Math.floor(tw / 6.2)));
       }
       if (r.status !== "invalid" && r.peak_gib) {
-        var fill = r.status === "oom" ? "#e15759" : ((r.headroom_gib || 0) < 0.05 * (r.capacity_gib || 1) ? "#edc948" : "#76b7b2");
+        var fill = r.status === "oom" ? "#e15759" : ((r.headroom_gib || 0) < 0.05 * (r.capacity_gib || 1) ? "#c17d11" : "#8d9bb0");
         S("rect", {class: "mem-bar", x: m0, y: y + 4, width: Math.max(0.5, r.peak_gib * gs), height: rh - 8, fill: fill}, g);
         if (r.short_by_gib) S("rect", {class: "oom-short", x: m0 + (r.capacity_gib || r.peak_gib) * gs, y: y + 4, width: Math.max(2, r.short_by_gib * gs), height: rh - 8, fill: bad, stroke: "#b42318"}, g);
         if (r.capacity_gib) S("line", {class: "capacity", x1: m0 + r.capacity_gib * gs, x2: m0 + r.capacity_gib * gs, y1: y + 1, y2: y + rh - 1, stroke: "#b42318", "stroke-width": 2}, g);
@@ -681,7 +681,7 @@
     S("line", {x1: m0, x2: m0 + mw, y1: ya, y2: ya}, ax);
     tt.forEach(function (v) { var tk = S("g", {class: "tick", transform: "translate(" + (x0 + v * ts).toFixed(1) + "," + ya + ")"}, ax); S("line", {y1: 0, y2: 4}, tk); S("text", {y: 15, "text-anchor": "middle"}, tk, stt.label(v)); });
     gt.forEach(function (v) { var tk = S("g", {class: "tick", transform: "translate(" + (m0 + v * gs).toFixed(1) + "," + ya + ")"}, ax); S("line", {y1: 0, y2: 4}, tk); S("text", {y: 15, "text-anchor": "middle"}, tk, v === 0 ? "0" : (+v.toPrecision(6)) + " GiB"); });
-    items.push({key: "mem:peak", label: "peak memory", color: "#76b7b2"}, {key: "mem:tight", label: "under 5 % headroom", color: "#edc948"},
+    items.push({key: "mem:peak", label: "peak memory", color: "#8d9bb0"}, {key: "mem:tight", label: "under 5 % headroom", color: "#c17d11"},
       {key: "mem:oom", label: "out of memory (hatched: what was missing)", color: "#e15759"}, {key: "mem:cap", label: "capacity", color: "#b42318"});
     legend(host, items);
   }
@@ -701,7 +701,7 @@
     ymax = Math.max(ymax, yt[yt.length - 1]);
     function X(v) { return left + (logx ? (Math.log2(v) - Math.log2(xlo)) / (Math.log2(xhi) - Math.log2(xlo)) : (v - xlo) / (xhi - xlo)) * w; }
     function Y(v) { return top + h - v / ymax * h; }
-    var g = S("g", {class: "grid"}, svg), xt = logx ? log2Ticks(xlo, xhi) : linTicks(xlo, xhi, 6);
+    var g = S("g", {class: "grid"}, svg), xt = spec.xTicks || (logx ? log2Ticks(xlo, xhi) : linTicks(xlo, xhi, 6));
     yt.forEach(function (v) { S("line", {x1: left, x2: left + w, y1: Y(v), y2: Y(v)}, g); });
     xt.forEach(function (v) { S("line", {x1: X(v), x2: X(v), y1: top, y2: top + h}, g); });
     var ax = S("g", {class: "axis axis-x"}, svg);
@@ -809,7 +809,8 @@
     order.sort();
     var pal = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac"];
     var xs = rows.map(function (r) { return r.changes[xAxisName]; }), lo = Math.min.apply(null, xs), hi = Math.max.apply(null, xs);
-    var logx = lo > 0 && hi / lo >= 8 && xs.every(function (v) { return Math.abs(Math.log2(v) - Math.round(Math.log2(v))) < 1e-9; });
+    var logx = lo > 0 && hi / lo >= 4 && xs.every(function (v) { return Math.abs(Math.log2(v) - Math.round(Math.log2(v))) < 1e-9; });
+    var distinct = xs.filter(function (v, i) { return xs.indexOf(v) === i; }).sort(function (a, b) { return a - b; });
     var lines = [], points = [];
     order.slice(0, 10).forEach(function (key, i) {
       var rs = series[key].slice().sort(function (a, b) { return a.changes[xAxisName] - b.changes[xAxisName]; });
@@ -819,7 +820,8 @@
     });
     var lg = order.slice(0, 10).map(function (k, i) { return {key: "series:" + k, label: k, color: pal[i % pal.length]}; });
     if (points.some(function (p) { return p.cross; })) lg.push({key: "oom", label: "✕ out of memory", color: "#b42318"});
-    scatter(document.getElementById("sweep-chart"), {cls: "sweep", logx: logx, xTitle: D.axis_labels[xAxisName] || xAxisName, yTitle: "T_step", yFmt: fmtS, ySeconds: true, lines: lines, points: points, legend: lg});
+    scatter(document.getElementById("sweep-chart"), {cls: "sweep", logx: logx, xTitle: D.axis_labels[xAxisName] || xAxisName, yTitle: "T_step", yFmt: fmtS, ySeconds: true, lines: lines, points: points, legend: lg,
+      xTicks: distinct.length <= 12 ? distinct : null});  // the swept values themselves, not 1.5 for a TP
   }
 
   // ---------------------------------------------------------------------------------------------- page: compare
@@ -868,9 +870,14 @@
       call_names: sides[0].view.call_names, call_colors: sides[0].view.call_colors, oom: null};
     drawTimeline(document.getElementById("timeline"), V0, sides.map(function (s) { return {label: s.name, phases: s.view.phases}; }));
     // memory: one chart per GPU, the measured total beside the simulated total
-    var host = document.getElementById("memory-charts"), perGpu = {};
+    var host = document.getElementById("memory-charts"), perGpu = {}, hostUsed = null;
     sides.forEach(function (s, si) {
       ((s.view.memory || {}).groups || []).forEach(function (grp) {
+        // a run without GPUs measures the machine's memory in use: drawn on its own (the pinned buffers a
+        // simulation counts are a different quantity, so there is nothing beside it)
+        if (grp.measured_host && !hostUsed) hostUsed = {gpu: "host", title: "Host memory in use (" + s.name + ")", note: grp.note,
+          sides: {}, capacity: grp.capacity_gib, peaks: {}};
+        if (grp.measured_host) { hostUsed.sides[s.name] = {t: grp.t, v: totalsOf(grp)}; return; }
         if (grp.host) return;
         grp.members.forEach(function (m) {
           var data = grp.variants ? grp.variants[m.variant] : grp;
@@ -891,11 +898,13 @@
     gpus.forEach(function (gpu, gi) {
       if (gi === 0) { drawGpu(host, gpu, gpus.length > 1); if (gpus.length > 1) host.appendChild(rest); }
     });
+    if (hostUsed) drawGpu(host, "host", false);
     function drawGpu(parent, gpu, withButton) {
-      var e = perGpu[gpu];
+      var e = gpu === "host" ? hostUsed : perGpu[gpu], title = e.title || "GPU " + gpu;
       var box = E("div", {class: "gpu-group", "data-gpus": String(gpu)}, parent);
       var head = E("div", {class: "group-head"}, box);
-      E("span", {class: "group-title"}, head, "GPU " + gpu);
+      E("span", {class: "group-title"}, head, title);
+      if (e.note) E("span", {class: "group-note"}, head, e.note);
       if (withButton) {
         var spread = gpus.map(peakOf), lo = Math.min.apply(null, spread), hi = Math.max.apply(null, spread);
         E("span", {class: "group-note"}, head, "the fullest of " + gpus.length + " GPUs by " + sides[0].name + " peak; the others peak " +
@@ -912,7 +921,8 @@
       }
       var names = Object.keys(e.sides), all = [];
       if (!e.sides[sides[0].name] && sides.length > 1) {
-        E("span", {class: "group-note"}, head, "no " + sides[0].name + " memory for this GPU (a run without NVML samples its host memory, drawn on its own page)");
+        E("span", {class: "group-note"}, head, "no " + sides[0].name + " memory for this GPU" +
+          (hostUsed ? " (a run without GPUs measures the host's memory, drawn below)" : ""));
       }
       names.forEach(function (n) { all = all.concat(e.sides[n].v); });
       Object.keys(e.peaks).forEach(function (k) { all.push(e.peaks[k]); });
@@ -936,7 +946,7 @@
           });
           Object.keys(e.peaks).forEach(function (k) {
             S("line", {class: "sim-peak", x1: sc.left, x2: sc.left + sc.w, y1: y(e.peaks[k]), y2: y(e.peaks[k]), stroke: k.indexOf("simulated") === 0 ? colors.simulated : colors.measured, "stroke-dasharray": "2 3", "stroke-width": 1.5}, svg);
-            S("text", {x: sc.left + 4, y: y(e.peaks[k]) - 4, fill: "#3a4150"}, svg, k + " " + fmtG(e.peaks[k]));
+            S("text", {x: sc.left + 4, y: y(e.peaks[k]) - 4, fill: "#3a4150", class: "halo"}, svg, k + " " + fmtG(e.peaks[k]));
           });
           if (e.capacity) {
             S("line", {class: "capacity", x1: sc.left, x2: sc.left + sc.w, y1: y(e.capacity), y2: y(e.capacity), stroke: "#b42318", "stroke-dasharray": "5 4"}, svg);
@@ -948,7 +958,7 @@
         },
         hover: function (t) {
           var rows = names.map(function (n) { var sd = e.sides[n], j = bisect(sd.t, t); return {k: n, v: j < 0 ? "—" : fmtG(sd.v[j]), color: colors[n]}; });
-          return '<div class="tip-title">GPU ' + gpu + " · t = " + fmtS(t) + "</div>" + tipRows(rows);
+          return '<div class="tip-title">' + esc(title) + " · t = " + fmtS(t) + "</div>" + tipRows(rows);
         }});
       var items = names.map(function (n) { return {key: "side:" + n, label: n + " (total)", color: colors[n] || "#999"}; });
       Object.keys(e.peaks).forEach(function (k) { items.push({key: "peak:" + k, label: k, color: k.indexOf("simulated") === 0 ? colors.simulated : colors.measured, dashed: true}); });

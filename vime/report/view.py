@@ -316,7 +316,7 @@ def memory_groups(recorder: Recorder, capacity: dict[int, int], origin: float, *
             note = ("what the machine reports in use (MemTotal − MemAvailable): a run without GPUs" if measured_host
                     else "pinned host buffers the offloads copy into (all engines and ranks together)")
         groups.append({
-            "gpus": gpus, "host": host, "label": label, "note": note,
+            "gpus": gpus, "host": host, "measured_host": measured_host, "label": label, "note": note,
             "kind": "identical" if len(cl) == 1 and many else ("alike" if many else "one"),
             "capacity_gib": None if cap is None else _r(cap / GiB, 4),
             "t": variants[0]["t"], "series": variants[0]["series"], "shown_gpu": variants[0]["gpus"][0],

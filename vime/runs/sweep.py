@@ -377,11 +377,14 @@ def command_line(args: Args) -> list[str]:
     """`vime train` words that reproduce `args` on real GPUs: the options given explicitly, in a stable order,
     without what only the simulator reads (`SIMULATOR_ONLY`) or what only `vime simulate` takes. Without
     ``--hf-checkpoint`` the words name a placeholder for it (`placeholders` says what it stands for), or
-    the directory of a ``--model .../config.json`` that is one. The words parse as `vime train` arguments."""
+    the directory of a ``--model .../config.json`` that is one; without ``--prompt-data``, a placeholder for the
+    prompts. Once the placeholders name real files the words run as `vime train` arguments."""
     raw = args._raw_options()
     words = ["vime", "train"]
     if not raw.get("hf_checkpoint"):
         words += ["--hf-checkpoint", hf_checkpoint_for(args)]
+    if not raw.get("prompt_data"):  # a real run has no prompts without it; the simulator drew lengths instead
+        words += ["--prompt-data", PROMPTS_PLACEHOLDER]
     for dest in sorted(raw):
         if dest in _NOT_SWEEPABLE or dest in SIMULATOR_ONLY or dest == "num_rollout":
             continue
@@ -395,8 +398,10 @@ def command_line(args: Args) -> list[str]:
     return words
 
 
-#: The placeholder's spelling: a path no one has, which still parses (``--hf-checkpoint`` is checked when a run starts).
+#: The placeholders' spelling: a path no one has. A run refuses it in one line (``--prompt-data`` when parsed,
+#: ``--hf-checkpoint`` when the run starts), naming the flag to fill in.
 PLACEHOLDER_PREFIX = "/path/to/"
+PROMPTS_PLACEHOLDER = PLACEHOLDER_PREFIX + "prompts.jsonl"
 
 
 def hf_checkpoint_for(args: Args) -> str:
@@ -413,8 +418,8 @@ def hf_checkpoint_for(args: Args) -> str:
 
 def placeholders(argv: Sequence[str]) -> dict[str, str]:
     """The placeholder words of a printed command and what the user puts there."""
-    out = {}
-    for i, word in enumerate(argv):
-        if word.startswith(PLACEHOLDER_PREFIX) and i and argv[i - 1] == "--hf-checkpoint":
-            out[word] = "the Hugging Face checkpoint directory of the model (config.json, tokenizer, weights)"
-    return out
+    what = {"--hf-checkpoint": "the Hugging Face checkpoint directory of the model (config.json, tokenizer, weights)",
+            "--prompt-data": "your prompts, one JSON object per line with the prompt under --input-key (default "
+                             "'prompt'); the simulation drew prompt lengths from --prompt-length instead"}
+    return {word: what[argv[i - 1]] for i, word in enumerate(argv)
+            if i and word.startswith(PLACEHOLDER_PREFIX) and argv[i - 1] in what}
