@@ -17,6 +17,7 @@ import pytest
 
 from vime.config import parse_args
 from vime.report.html import render_html, render_sweep_html
+from vime.report.view import fmt_seconds
 from vime.runs.document import build_document
 from vime.runs.fixes import fix_lines, simulate_fixes
 from vime.runs.sim import simulate
@@ -94,7 +95,7 @@ def test_one_step_page_axes_bands_legends_and_collapsed_gpus(browser: Browser, t
     doc, rec = two_steps
     _show(browser, _write(tmp_path, "step.html", render_html(doc, rec, trace_href="trace.json")))
     b = browser
-    assert b.eval("document.querySelector('#verdict').textContent").strip().startswith("✓ Fits: T_step 10.2 s")
+    assert b.eval("document.querySelector('#verdict').textContent").strip().startswith(f"✓ Fits: T_step {fmt_seconds(doc['summary']['t_step'])}")
     # a time axis with units under the timeline and under every memory chart, and values on the memory axis
     ticks = _texts(b, "#timeline .axis-x .tick text")
     assert len(ticks) >= 5 and all(t.endswith(" s") for t in ticks), ticks
@@ -126,7 +127,8 @@ def test_one_step_page_axes_bands_legends_and_collapsed_gpus(browser: Browser, t
     assert b.eval(f"document.querySelector(\"{group}\").dataset.collapsed") == "true"
     # tables in words and units, the trace linked
     assert _texts(b, "#phases table tbody td:first-child") == [*PHASE_LABELS, "T_step"]
-    assert _texts(b, "#phases table tbody td:nth-child(3)")[-1] == "10.2 s"
+    assert _texts(b, "#phases table tbody td:nth-child(3)")[-1] == fmt_seconds(doc["summary"]["t_step"])
+    assert fmt_seconds(10.18) == "10.2 s" and fmt_seconds(0.2561) == "256 ms"  # three figures, a unit
     assert b.eval("document.querySelector('#files a').getAttribute('href')") == "trace.json"
 
 
@@ -214,8 +216,11 @@ def test_uncertainty_bands_show_where_the_document_has_them(browser: Browser, tw
     banded["summary"]["t_step_band"] = [round(t * 0.85, 4), round(t * 1.2, 4)]
     _show(browser, _write(tmp_path, "bands.html", render_html(banded, rec)))
     assert browser.eval("document.querySelectorAll('#phase-chart g.band').length") == 1
-    assert _texts(browser, "#phases table tbody td:nth-child(3)")[0] == "4.80 s (3.84 s – 6.00 s)"
-    assert "range 8.65 s – 12.2 s" in browser.eval("document.querySelector('.kpis').textContent")
+    r = banded["summary"]["phases"]["rollout"]
+    assert _texts(browser, "#phases table tbody td:nth-child(3)")[0] == \
+        f"{fmt_seconds(r['seconds'])} ({fmt_seconds(r['band'][0])} – {fmt_seconds(r['band'][1])})"
+    lo, hi = banded["summary"]["t_step_band"]
+    assert f"range {fmt_seconds(lo)} – {fmt_seconds(hi)}" in browser.eval("document.querySelector('.kpis').textContent")
 
 
 def test_many_engines_fold_into_one_timeline_row(browser: Browser, two_steps: Any, tmp_path: Path) -> None:
@@ -246,7 +251,7 @@ def test_identical_gpus_collapse_into_one_chart(browser: Browser, tmp_path: Path
     assert browser.eval(f"document.querySelector(\"{group}\").dataset.kind") == "identical"
     note = browser.eval(f"document.querySelector(\"{group} .group-note\").textContent")
     assert "engine0 on GPUs 0–1" in note and "engine3 on GPUs 6–7" in note
-    assert len(_texts(browser, "#peaks tbody tr")) == 1 and _texts(browser, "#peaks tbody td")[0] == "0–7"
+    assert len(_texts(browser, "#peaks tbody tr")) == 1 and _texts(browser, "#peaks tbody td")[0] == "GPUs 0–7"
 
 
 def test_oom_page_marks_the_moment_and_lists_the_simulated_fixes(browser: Browser, tmp_path: Path) -> None:

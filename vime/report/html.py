@@ -185,7 +185,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
                               for k, v in parts[:6])
         if len(parts) > 6:
             breakdown += f", {len(parts) - 6} more"
-        rows.append(["host" if gpus == [-1] else gpu_ranges(gpus), (fmt_gib(g["peak_gib"]), g["peak_gib"]), (fmt_gib(g["capacity_gib"]), g["capacity_gib"]),
+        rows.append(["host" if gpus == [-1] else ("GPUs " if len(gpus) > 1 else "GPU ") + gpu_ranges(gpus), (fmt_gib(g["peak_gib"]), g["peak_gib"]), (fmt_gib(g["capacity_gib"]), g["capacity_gib"]),
                      (bar, share), (fmt_gib(g["headroom_gib"]), g["headroom_gib"]),
                      PHASE_LABELS.get(g.get("peak_phase") or "", g.get("peak_phase") or "—"), breakdown])
     host = doc.get("memory", {}).get("host_pinned_peak_gib")
@@ -267,8 +267,10 @@ def _verdict_banner(doc: dict[str, Any], measured: bool) -> str:
         what = "Ran to the end" if measured else "Fits"
         text = f"{what}: T_step {fmt_seconds(summary.get('t_step'))}"
         if worst is not None:
-            text += (f", smallest headroom {fmt_gib(worst['headroom_gib'])} on {_dev(worst['gpu'])}"
-                     f" ({PHASE_LABELS.get(worst.get('peak_phase') or '', worst.get('peak_phase') or '—').lower()})")
+            text += f", smallest headroom {fmt_gib(worst['headroom_gib'])} on {_dev(worst['gpu'])}"
+            phase = worst.get("peak_phase")
+            if phase:  # a peak outside every phase (an engine's KV cache taken at launch) has none to name
+                text += f" ({PHASE_LABELS.get(phase, phase).lower()})"
         return f'<section class="verdict ok" id="verdict"><span class="icon">✓</span> {_esc(text)}</section>'
     o = v["oom"]
     fits = [r for r in (v.get("fix_results") or []) if r.get("fits")]
@@ -327,9 +329,12 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
     mem = doc.get("memory", {}).get("gpus", [])
     if mem:
         worst = max(mem, key=lambda g: g["peak_gib"] / g["capacity_gib"] if g["capacity_gib"] else 0)
-        kpis.append(_kpi("Peak memory", f"{fmt_gib(worst['peak_gib'])} of {fmt_gib(worst['capacity_gib'])}",
-                         f"{_dev(worst['gpu'])}, headroom {fmt_gib(worst['headroom_gib'])}",
-                         "bad" if not doc["verdict"]["fits"] else ""))
+        fits = doc["verdict"]["fits"]
+        # after an OOM the peak is what was held when the allocation failed: its "headroom" is not room to spare
+        kpis.append(_kpi("Peak memory" if fits else "Peak memory held",
+                         f"{fmt_gib(worst['peak_gib'])} of {fmt_gib(worst['capacity_gib'])}",
+                         f"{_dev(worst['gpu'])}, headroom {fmt_gib(worst['headroom_gib'])}" if fits else
+                         f"{_dev(worst['gpu'])}, the most held before the OOM", "" if fits else "bad"))
     v = doc["verdict"]
     if not v["fits"]:
         o = v["oom"]
