@@ -293,7 +293,8 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
     steps = doc.get("steps", [])
     if measured:
         where = "this machine"
-        what = cfg.get("hf_checkpoint") or "model"
+        ckpt = str(cfg.get("hf_checkpoint") or "").rstrip("/")
+        what = ckpt.rsplit("/", 1)[-1] or "model"  # the checkpoint's name; its path is in the trace and the config
         title = f"{what} on {where}"
         eyebrow = f"vime train (measured) · --backend {doc.get('backend', 'real')} · {len(steps)} step(s)"
     else:
