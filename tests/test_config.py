@@ -201,7 +201,7 @@ def test_parser_has_both_subcommands_with_shared_options() -> None:
     assert set(choices) == {"train", "simulate"}
     train_flags = {s for a in choices["train"]._actions for s in a.option_strings}
     sim_flags = {s for a in choices["simulate"]._actions for s in a.option_strings}
-    assert train_flags - sim_flags == {"--backend"}
+    assert train_flags - sim_flags == {"--backend", "--compare-sim"}  # only a real run has a run to compare
     for flag in ("--rollout-batch-size", "--n-samples-per-prompt", "--num-steps-per-rollout",
                  "--global-batch-size", "--micro-batch-size", "--eps-clip", "--eps-clip-high", "--eps-clip-c",
                  "--over-sampling-batch-size", "--rollout-num-gpus", "--rollout-num-gpus-per-engine",

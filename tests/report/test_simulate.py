@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import struct
 import subprocess
 import sys
-import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,7 +14,6 @@ import pytest
 
 from vime.cli.simulate import format_text
 from vime.config import parse_args
-from vime.report.html import render_html
 from vime.report.schema import SIMULATE_SCHEMA, TRACE_EVENT_SCHEMA
 from vime.report.trace import recorder_trace
 from vime.runs.document import build_document
@@ -43,7 +39,7 @@ def test_default_scenario_is_the_seed_and_fits(default_doc):
     assert (cfg["rollout_batch_size"], cfg["n_samples_per_prompt"], cfg["global_batch_size"]) == (32, 8, 256)
     assert (cfg["tensor_model_parallel_size"], cfg["data_parallel_size"], cfg["rollout_num_engines"]) == (2, 4, 4)
     assert default_doc["model"]["name"] == "Qwen3-4B" and default_doc["hardware"]["name"] == "H100-SXM-80G"
-    assert default_doc["verdict"] == {"fits": True, "oom": None, "fixes": []}
+    assert default_doc["verdict"] == {"fits": True, "oom": None, "fixes": [], "fix_results": []}
     assert len(default_doc["memory"]["gpus"]) == 8
     for g in default_doc["memory"]["gpus"]:
         assert 0 < g["peak_gib"] <= g["capacity_gib"]
@@ -129,7 +125,9 @@ def test_cli_json_and_files(tmp_path):
     assert len(doc["steps"]) == 1
     assert json.loads(trace.read_text())["traceEvents"]
     html = report.read_text()
-    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org", "")  # self-contained
+    # self-contained: the renderer and its data inline, nothing to fetch (the charts themselves: test_pages.py)
+    assert 'id="vime-data"' in html and "<script src" not in html and "<link" not in html
+    assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html
 
 
 def test_unknown_model_lists_known_ones():
@@ -158,6 +156,7 @@ def test_oom_verdict_names_gpu_tag_and_a_fix_that_the_simulator_confirms():
     assert not sim.fits
     sim.fixes = check_fixes(sim)
     doc = build_document(sim, deterministic=True)
+    assert "lower --micro-batch-size to 4: fits" in " ".join(sim.fixes)
     jsonschema.validate(doc, SIMULATE_SCHEMA)
     o = doc["verdict"]["oom"]
     assert o["short_by_gib"] > 0 and o["owner"] and o["tag"] and 0 <= o["gpu"] < 8
@@ -199,55 +198,15 @@ def test_search_returns_a_configuration_the_simulator_confirms():
                       command="simulate")
     best, ranked = search(base, goal="fastest", max_gpus=2, workers=1, max_tries=2)
     assert best is not None and ranked[0] is best
-    # Re-simulate the winner from its printed command line: it fits and gives the same T_step.
+    # Re-simulate the winner from its printed command line (plus what only the simulator reads, which a
+    # `vime train` line leaves out, and less the prompts' placeholder: the search drew prompt lengths): it
+    # fits and gives the same T_step.
     assert best.argv[:2] == ["vime", "train"]
-    again = simulate(parse_args(best.argv[2:] + ["--num-rollout", "1"], command="simulate"))
+    i = best.argv.index("--prompt-data")
+    words = best.argv[2:i] + best.argv[i + 2:]
+    again = simulate(parse_args(words + ["--num-rollout", "1", "--model", "Qwen3-0.6B"], command="simulate"))
     assert again.fits
     assert again.steps[0].t_step == pytest.approx(best.t_step, abs=1e-5)  # the table rounds to 1 µs
-
-
-# --------------------------------------------------------------------------------------------
-# The HTML report in a real browser
-# --------------------------------------------------------------------------------------------
-
-
-def _png_distinct_bytes(png: bytes) -> int:
-    """Distinct byte values in the decoded scanlines of a PNG (1 for a blank page)."""
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(png):
-        (length,) = struct.unpack(">I", png[pos:pos + 4])
-        kind = png[pos + 4:pos + 8]
-        if kind == b"IDAT":
-            idat += png[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    return len(set(zlib.decompress(idat)))
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def test_html_report_renders_in_headless_chromium(default_sim, default_doc, tmp_path):
-    browser = _chromium()
-    if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; .ci/run installs Debian's chromium")
-        pytest.skip("chromium not installed (apt-get install chromium)")
-    page = tmp_path / "report.html"
-    page.write_text(render_html(default_doc, default_sim.backends.recorder))
-    shot = tmp_path / "shot.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
-    run = subprocess.run([browser, *flags, "--window-size=1000,1600", f"--screenshot={shot}", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
-    assert shot.exists(), run.stderr[-2000:]
-    assert _png_distinct_bytes(shot.read_bytes()) > 16, "screenshot is blank"
-    console_errors = [ln for ln in run.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
-    assert not console_errors, console_errors
-    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert "Where a step's time goes" in dom.stdout and dom.stdout.count("<svg") >= 3
 
 
 def test_offload_backend_choice_shows_in_the_train_phase():

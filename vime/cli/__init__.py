@@ -1,4 +1,5 @@
-"""The `vime` command: `vime train` and `vime simulate`, one parser, lazy dispatch to the commands (which only parse and print)."""
+"""The `vime` command: `vime train` and `vime simulate` (one parser, lazy dispatch to the commands, which only parse
+and print), and `vime compare` (a run's JSON lines beside a simulation's document; its own small parser)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         build_parser().print_help()
+        from vime.cli.compare import USAGE
+
+        print(f"\nand: {USAGE}\n  a measured run beside its simulation, per phase (see `vime compare --help`)")
         return 0 if argv else EXIT_USAGE
+    if argv[0] == "compare":
+        return _compare(argv[1:])
     try:
         args = parse_args(argv)
     except ConfigError as exc:
@@ -96,3 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _compare(argv: list[str]) -> int:
+    """`vime compare`: exit 0 consistent, 1 problems found, 2 bad input."""
+    from vime.cli.compare import run_compare
+
+    try:
+        return run_compare(argv)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except ConfigError as exc:
+        print(f"vime: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except VimeError as exc:
+        print(f"vime compare: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

@@ -71,7 +71,7 @@ def run_simulate(args: Any) -> int:
     if args.sweep or args.search:
         return run_sweep_command(args)
     from vime.runs.document import build_document
-    from vime.runs.fixes import check_fixes
+    from vime.runs.fixes import fix_lines, simulate_fixes
     from vime.runs.sim import simulate
     from vime.trackers import Trackers
 
@@ -81,7 +81,8 @@ def run_simulate(args: Any) -> int:
     finally:
         trackers.close()
     if sim.oom is not None:
-        sim.fixes = check_fixes(sim)
+        sim.fix_results = simulate_fixes(sim)
+        sim.fixes = fix_lines(sim.fix_results)
     doc = build_document(sim)
     text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
     if args.trace_out:
@@ -91,7 +92,7 @@ def run_simulate(args: Any) -> int:
     if args.report:
         from vime.report.html import render_html
 
-        write_atomic(args.report, render_html(doc, sim.backends.recorder))
+        write_atomic(args.report, render_html(doc, sim.backends.recorder, trace_href=trace_href(args)))
     if args.json:
         print(text)
     else:
@@ -102,6 +103,14 @@ def run_simulate(args: Any) -> int:
     return 0 if sim.fits else 3
 
 
+def trace_href(args: Any) -> str | None:
+    """The --trace-out file as the --report page links it: relative to the page's directory."""
+    if not (args.trace_out and args.report):
+        return None
+    here = os.path.dirname(os.path.abspath(args.report))
+    return os.path.relpath(os.path.abspath(args.trace_out), here).replace(os.sep, "/")
+
+
 # Sweeps and searches (vime.runs.sweep computes, this prints)
 
 
@@ -109,9 +118,12 @@ def _rows(results: Sequence[PointResult]) -> list[dict[str, Any]]:
     rows = []
     for rank, r in enumerate(results, 1):
         status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
+        fits = r.valid and r.fits
         row: dict[str, Any] = {"rank": rank, **{k: r.changes[k] for k in sorted(r.changes)}, "status": status,
-                               "t_step_s": r.t_step if r.valid and r.fits else "", "peak_gib": r.peak_gib,
-                               "gpus": r.gpus, "reason": r.oom or r.error}
+                               "t_step_s": r.t_step if fits else "", "peak_gib": r.peak_gib,
+                               "gpus": r.gpus, "gpu_s_step": round(r.gpu_s_per_step, 1) if fits else "",
+                               "gpu_s_per_1k": round(r.gpu_s_per_1k_samples, 1) if fits else "",
+                               "reason": r.oom or r.error}
         rows.append(row)
     return rows
 
@@ -172,13 +184,29 @@ def _log_point(total: int) -> Any:
     return log
 
 
-def run_sweep_command(args: Args) -> int:
-    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv).
+def _write_sweep_report(args: Args, results: Sequence[PointResult], *, kind: str, best: PointResult | None = None,
+                        interrupted: tuple[int, int] | None = None, axes: Sequence[str] | None = None) -> None:
+    """--report of a sweep or search: the ranked page (written atomically)."""
+    if not args.report:
+        return
+    from vime.report.html import render_sweep_html
+    from vime.runs.sweep import placeholders
 
-    Ctrl-C prints the configurations that finished and exits 130.
+    page = render_sweep_html(results, args, kind=kind, goal=args.search, best=best, target_step_time=args.target_step_time,
+                             interrupted=interrupted, placeholders=placeholders(best.argv) if best else {}, axes=axes)
+    write_atomic(args.report, page)
+    if not (args.json or args.csv):
+        print(f"report written to {args.report}", file=sys.stderr)
+
+
+def run_sweep_command(args: Args) -> int:
+    """`vime simulate --sweep ...` / `--search ...`: print the ranked table (text, --json or --csv), and with
+    --report write the page of it.
+
+    Ctrl-C prints the configurations that finished (and writes their page) and exits 130.
     """
     from vime.errors import Interrupted
-    from vime.runs.sweep import parse_sweep, run_points, search
+    from vime.runs.sweep import parse_sweep, placeholders, run_points, search
 
     quiet = bool(args.json or args.csv) or not sys.stderr.isatty()
     if args.search:
@@ -187,10 +215,13 @@ def run_sweep_command(args: Args) -> int:
                                   target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
         except Interrupted as stop:
             _print_results(args, stop.results, "vime.search/1", {"goal": args.search, "interrupted": True})  # type: ignore[arg-type]
+            _write_sweep_report(args, stop.results, kind="search", interrupted=(len(stop.results), stop.total))  # type: ignore[arg-type]
             print(f"vime simulate: {stop}", file=sys.stderr)
             return 130
+        _write_sweep_report(args, ranked, kind="search", best=best)
         if args.json:
             print(json.dumps({"schema": "vime.search/1", "goal": args.search, "best": asdict(best) if best else None,
+                              "placeholders": placeholders(best.argv) if best else {},
                               "candidates": [asdict(r) for r in ranked]}, indent=1))
         elif args.csv:
             print(format_csv(ranked), end="")
@@ -200,10 +231,14 @@ def run_sweep_command(args: Args) -> int:
             if best is None:
                 print("No configuration meets the goal within --max-gpus; raise --max-gpus or relax the target.")
             else:
-                print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs")
+                print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs — "
+                      f"{best.gpu_s_per_step:,.1f} GPU·s per step, {best.gpu_s_per_1k_samples:,.1f} GPU·s per 1k samples")
                 print(" ".join(best.argv))
+                for word, what in placeholders(best.argv).items():
+                    print(f"  {word} is a placeholder: {what}")
         return 0 if best is not None else 3
     points = parse_sweep(args.sweep, max_points=int(args.max_points))
+    axes = list(points[0]) if points else []
     if not (args.json or args.csv):
         workers = min(args.workers or os.cpu_count() or 1, len(points))
         print(f"simulating {len(points)} configurations on {workers} worker(s)", file=sys.stderr, flush=True)
@@ -212,7 +247,9 @@ def run_sweep_command(args: Args) -> int:
                              on_result=None if (args.json or args.csv or sys.stderr.isatty()) else _log_point(len(points)))
     except Interrupted as stop:
         _print_results(args, stop.results, "vime.sweep/1", {"interrupted": True})  # type: ignore[arg-type]
+        _write_sweep_report(args, stop.results, kind="sweep", interrupted=(len(stop.results), stop.total), axes=axes)  # type: ignore[arg-type]
         print(f"vime simulate: {stop}", file=sys.stderr)
         return 130
     _print_results(args, results, "vime.sweep/1", {})
+    _write_sweep_report(args, results, kind="sweep", axes=axes)
     return 0

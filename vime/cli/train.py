@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -78,6 +79,18 @@ class _Printer:
         else:
             print(format_step(report), file=self.out, flush=True)
 
+    def compare(self, doc: dict[str, Any]) -> None:
+        """The run beside its simulation (--compare-sim): a table, or one ``compare`` event with --json."""
+        if self.as_json:
+            self._emit({"event": "compare", **doc})
+        else:
+            from vime.report.compare import format_table
+
+            print("measured beside simulated (error = (simulated - measured) / measured)", file=self.out, flush=True)
+            for note in doc.get("notes", []):
+                print(f"  note: {note}", file=self.out, flush=True)
+            print(format_table(doc), file=self.out, flush=True)
+
     def _emit(self, obj: dict[str, Any]) -> None:
         print(json.dumps(obj, sort_keys=True), file=self.out, flush=True)
 
@@ -110,7 +123,7 @@ def run_train(args: Any) -> int:
             if args.trace_out or args.report:
                 from vime.runs.document import build_document
 
-                _write_outputs(args, build_document(sim), sim.backends.recorder)
+                _write_outputs(args, build_document(sim), sim.backends.recorder, printer)
             return 0
         from vime.runs.real import run_real
 
@@ -126,21 +139,42 @@ def run_train(args: Any) -> int:
         with MemorySampler(recorder) as sampler:
             report = run_real(args, on_startup=printer.startup, on_step=on_step, observers=[recorder],
                               on_placement=printer.placement)
-        _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder)
+        _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder, printer,
+                       device_names=sampler.names)
         return 0
     finally:
         trackers.close()
 
 
-def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any) -> None:
-    """--trace-out and --report of a finished run (written atomically)."""
+def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any, printer: _Printer,
+                   device_names: list[str] | None = None) -> None:
+    """--trace-out and --report of a finished run (written atomically); with --compare-sim the report is the
+    run beside its simulation, and the comparison is printed too."""
+    from vime.cli.simulate import trace_href
     from vime.outputs import write_atomic
 
     if args.trace_out:
         from vime.report.trace import recorder_trace
 
         write_atomic(args.trace_out, json.dumps(recorder_trace(recorder), separators=(",", ":")))
-    if args.report:
+    if args.report and args.compare_sim:
+        from vime.report.compare import view_from_recorder
+        from vime.report.html import layout_line, render_compare_html
+        from vime.runs.twin import compare_with_twin, simulate_twin
+
+        twin = simulate_twin(args, device_names or [])
+        if doc.get("schema", "").startswith("vime.simulate"):
+            twin.notes.insert(0, "this run was itself simulated (--backend sim): the comparison checks the plumbing")
+        cmp = compare_with_twin(doc, recorder, twin)
+        printer.compare(cmp)
+        cfg = twin.doc["config"]
+        what = os.path.basename(str(args.hf_checkpoint).rstrip("/")) if args.hf_checkpoint else twin.doc["model"]["name"]
+        page = render_compare_html(
+            cmp, measured_view=view_from_recorder(doc, recorder), simulated_view=view_from_recorder(twin.doc, twin.sim.backends.recorder),
+            title=f"{what}: this run beside its simulation on {twin.doc['hardware']['name']}",
+            sub=f"{layout_line(cfg)} · " + "; ".join(twin.notes), trace_href=trace_href(args))
+        write_atomic(args.report, page)
+    elif args.report:
         from vime.report.html import render_html
 
-        write_atomic(args.report, render_html(doc, recorder))
+        write_atomic(args.report, render_html(doc, recorder, trace_href=trace_href(args)))

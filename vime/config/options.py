@@ -258,15 +258,19 @@ class OutputConfig:
     dry_run: bool = opt(False, "print the resolved configuration and exit")
     trace_out: str | None = opt(None, "write a Chrome/Perfetto trace of the run: phases, calls, memory (JSON)",
                                 metavar="FILE")
-    report: str | None = opt(None, "write a self-contained HTML report of the run", metavar="FILE")
+    report: str | None = opt(None, "write a self-contained HTML report (opens offline): one run's phases, timeline and "
+                                   "memory per GPU; with --sweep/--search the ranked configurations", metavar="FILE")
+    compare_sim: bool = opt(False, "after the run, simulate the same arguments and draw the run beside its simulation in "
+                                   "the --report page, with each phase's error (also printed)", commands=("train",))
     sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
                                      "(repeatable: the cross product is simulated)",
                                  metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")
     search: str | None = opt(None, "search GPU count, TP, GPUs per engine, micro-batch size and memory "
-                                   "utilisation for the fastest step that fits (fastest) or the fewest "
-                                   "GPUs that meet --target-step-time (fewest-gpus)",
-                             choices=("fastest", "fewest-gpus"), commands=("simulate",))
-    target_step_time: float | None = opt(None, "T_step goal in seconds for --search fewest-gpus",
+                                   "utilisation for the fastest step that fits (fastest), the fewest "
+                                   "GPUs that meet --target-step-time (fewest-gpus), or the fewest GPU-seconds "
+                                   "per sample (cheapest, within --target-step-time when given)",
+                             choices=("fastest", "fewest-gpus", "cheapest"), commands=("simulate",))
+    target_step_time: float | None = opt(None, "T_step goal in seconds for --search fewest-gpus (a limit for cheapest)",
                                          type=float, metavar="SECONDS", commands=("simulate",))
     max_gpus: int = opt(64, "largest GPU count --search considers", type=int, commands=("simulate",))
     max_points: int = opt(10000, "largest --sweep cross product run without complaint (a guard against typos "

@@ -358,12 +358,19 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
             _need(os.path.isdir(d) and os.access(d, os.W_OK) or not os.path.exists(d) and
                   _writable(os.path.join(d, "x"), make_parents=True),
                   f"{_flags_of(name)} {d}: cannot be written; give a writable directory")
+    _need(not (v["compare_sim"] and v["report"] is None),
+          "--compare-sim draws the run beside its simulation in the --report page; add --report FILE.html")
     if command == "simulate":
         _need(not (v["search"] and v["sweep"]),
               "--search and --sweep cannot be combined: --search chooses the layout itself; use one of them")
+        _need(not (v["trace_out"] and (v["search"] or v["sweep"])),
+              f"--trace-out traces one run, and --{'search' if v['search'] else 'sweep'} simulates many; drop "
+              f"--trace-out (--report FILE.html draws the whole {'search' if v['search'] else 'sweep'}), or trace "
+              f"the configuration you chose by simulating it alone")
         if v["target_step_time"] is not None:
-            _need(v["search"] == "fewest-gpus", "--target-step-time is the goal of --search fewest-gpus; pass "
-                                                "--search fewest-gpus or leave it out")
+            _need(v["search"] in ("fewest-gpus", "cheapest"),
+                  "--target-step-time is the goal of --search fewest-gpus (or a limit for --search cheapest); "
+                  "pass one of them or leave it out")
             _need(v["target_step_time"] > 0, f"--target-step-time must be > 0 seconds, got {v['target_step_time']}")
         _need(v["max_gpus"] >= 1, f"--max-gpus must be ≥ 1, got {v['max_gpus']}")
         _need(v["workers"] is None or v["workers"] >= 1, f"--workers must be ≥ 1, got {v['workers']}")

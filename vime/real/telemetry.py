@@ -31,12 +31,13 @@ def _host_used_bytes() -> tuple[int, int]:
 class MemorySampler:
     """Every `interval_s`, each GPU's used memory (NVML: every process on it, engines and trainer alike)
     as (owner "gpu", tag "used"), or, without GPUs, host memory in use as device HOST. `capacity` gives
-    each device's total for the report."""
+    each device's total for the report, and `names` the GPUs' names."""
 
     def __init__(self, recorder: Recorder, *, interval_s: float = 0.5) -> None:
         self.recorder = recorder
         self.interval_s = interval_s
         self.capacity: dict[int, int] = {}
+        self.names: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._handles: list[Any] = []
@@ -47,6 +48,9 @@ class MemorySampler:
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            for h in self._handles:
+                name = pynvml.nvmlDeviceGetName(h)
+                self.names.append(name.decode() if isinstance(name, bytes) else str(name))
         except Exception:  # noqa: BLE001 - no NVML (CPU machine, or no driver): host memory instead
             self._nvml = None
 

@@ -1,178 +1,595 @@
-"""A self-contained HTML report of one simulation: phase breakdown, timeline and memory over time, as inline SVG.
+"""Self-contained HTML reports: one run (simulated or measured), a sweep, a search, and a run beside its simulation.
 
-No scripts and no network fetches: the file opens anywhere, also offline, and renders the same
-in every browser.
+Each page is one file that opens offline: the tables are HTML written here, the charts are SVG that
+`report.js` (hand-written, no library, inlined into the page) draws from a JSON view model embedded
+in the page (`vime.report.view`). Nothing is fetched; the Perfetto trace, when written, is linked.
 """
 
 from __future__ import annotations
 
 import html
+import json
+from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
-from vime.report.recorder import HOST, Recorder
+from vime import __version__
+from vime.report.recorder import Recorder
+from vime.report.view import (
+    PHASE_COLORS,
+    PHASE_LABELS,
+    PHASE_ORDER,
+    SEED_STEPS,
+    GiB,
+    fmt_count,
+    fmt_gib,
+    fmt_seconds,
+    gpu_ranges,
+    partial_step,
+    phase_rows,
+    role_of,
+    run_view,
+    series_label,
+)
 
-GiB = 1024**3
+#: Short names of the options a sweep or search changes, for row labels.
+OPTION_LABELS = {"tensor_model_parallel_size": "TP", "pipeline_model_parallel_size": "PP",
+                 "context_parallel_size": "CP", "rollout_num_gpus_per_engine": "GPUs/engine",
+                 "micro_batch_size": "micro-batch", "gpu_memory_utilization": "mem. util.",
+                 "actor_num_gpus_per_node": "GPUs/node", "actor_num_nodes": "nodes", "rollout_batch_size": "prompts",
+                 "n_samples_per_prompt": "samples/prompt", "rollout_max_response_len": "max response",
+                 "rollout_max_prompt_len": "max prompt", "global_batch_size": "global batch", "model": "model",
+                 "hardware": "hardware", "max_num_seqs": "max seqs", "update_weight_buffer_size": "bucket bytes",
+                 "train_offload_backend": "offload backend", "response_length": "response lengths"}
 
-PHASE_COLORS = {
-    "rollout": "#4e79a7", "offload": "#f28e2b", "train": "#e15759", "onload_weights": "#76b7b2",
-    "weight_sync": "#59a14f", "onload_kv": "#edc948", "gap": "#bab0ac", "eval": "#b07aa1", "save": "#ff9da7",
-}
-_PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-            "#9c755f", "#bab0ac", "#1f77b4", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5"]
+
+class _Raw(str):
+    """Markup that a table cell takes as it is (already escaped)."""
 
 
 def _esc(x: Any) -> str:
-    return html.escape(str(x))
+    return x if isinstance(x, _Raw) else html.escape(str(x))
 
 
-def _phase_bar(phases: dict[str, dict[str, float]], width: int = 900) -> str:
-    total = sum(p["seconds"] for p in phases.values()) or 1.0
-    x = 0.0
-    parts = []
-    for name, p in phases.items():
-        w = width * p["seconds"] / total
-        color = PHASE_COLORS.get(name, "#999")
-        parts.append(f'<rect x="{x:.2f}" y="0" width="{max(w, 0):.2f}" height="36" fill="{color}">'
-                     f'<title>{_esc(name)}: {p["seconds"]:.3f} s ({p["percent"]:.1f} %)</title></rect>')
-        if w > 60:
-            parts.append(f'<text x="{x + 4:.2f}" y="23" font-size="12" fill="#fff">{_esc(name)} '
-                         f'{p["percent"]:.0f}%</text>')
-        x += w
-    return f'<svg class="bar" width="{width}" height="36" role="img">{"".join(parts)}</svg>'
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]], *, cls: str = "", num: Sequence[int] = (),
+           sortable: bool = False) -> str:
+    """An HTML table; columns in `num` are right-aligned numbers (and sort as numbers)."""
+    nums = set(num)
+    th = "".join(f'<th{" class=num" if i in nums else ""}>{_esc(h)}</th>' for i, h in enumerate(head))
+    body = []
+    for r in rows:
+        cells = []
+        for i, c in enumerate(r):
+            value = ""
+            if isinstance(c, tuple):  # (shown, sort value)
+                c, value = c
+                value = f' data-v="{html.escape(str(value))}"'
+            cells.append(f'<td{" class=num" if i in nums else ""}{value}>{_esc(c)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    classes = " ".join(x for x in (cls, "sortable" if sortable else "") if x)
+    return (f'<table{f" class={chr(34)}{classes}{chr(34)}" if classes else ""}><thead><tr>{th}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
 
 
-def _timeline(recorder: Recorder, width: int = 900) -> str:
-    spans = recorder.spans
-    if not spans:
-        return "<p>no spans recorded</p>"
-    t_end = max(s.t1 for s in spans) or 1.0
-    tracks = sorted({s.track for s in spans}, key=lambda t: (t != "phases", t))
-    row = 18
-    label_w = 120
-    scale = (width - label_w) / t_end
-    parts = []
-    for i, track in enumerate(tracks):
-        y = i * row
-        parts.append(f'<text x="0" y="{y + 13}" font-size="11">{_esc(track)}</text>')
-        for s in spans:
-            if s.track != track:
-                continue
-            w = max((s.t1 - s.t0) * scale, 0.5)
-            color = PHASE_COLORS.get(s.name, _PALETTE[hash_name(s.name) % len(_PALETTE)])
-            parts.append(f'<rect x="{label_w + s.t0 * scale:.2f}" y="{y + 2}" width="{w:.2f}" height="{row - 4}" '
-                         f'fill="{color}"><title>{_esc(track)}: {_esc(s.name)} {s.t0:.3f}–{s.t1:.3f} s'
-                         f'</title></rect>')
-    height = len(tracks) * row + 20
-    parts.append(f'<text x="{label_w}" y="{height - 4}" font-size="11">0 s</text>')
-    parts.append(f'<text x="{width - 60}" y="{height - 4}" font-size="11">{t_end:.2f} s</text>')
-    return f'<svg width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
+def _asset(name: str) -> str:
+    return resources.files("vime.report").joinpath(name).read_text(encoding="utf-8")
 
 
-def hash_name(name: str) -> int:
-    """A colour index that does not depend on PYTHONHASHSEED."""
-    h = 0
-    for ch in name:
-        h = (h * 131 + ord(ch)) % 1_000_003
-    return h
+def _json_script(data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":"), sort_keys=False, allow_nan=False)
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def _memory_chart(recorder: Recorder, gpu: int, capacity: int | None, width: int = 900,
-                  height: int = 160) -> str:
-    """Stacked step chart of one GPU's memory by owner/tag over time."""
-    samples = [m for m in recorder.samples if m.gpu == gpu]
-    if not samples:
-        return ""
-    t_end = max(max(m.t for m in samples), max((s.t1 for s in recorder.spans), default=0.0)) or 1.0
-    series: dict[str, int] = {}
-    points: list[tuple[float, dict[str, int]]] = []
-    for m in samples:
-        series[f"{m.owner}/{m.tag}"] = m.bytes
-        if points and points[-1][0] == m.t:
-            points[-1] = (m.t, dict(series))
-        else:
-            points.append((m.t, dict(series)))
-    keys = sorted({k for _, s in points for k in s})
-    top = max(capacity or 0, max(sum(s.values()) for _, s in points)) or 1
-    label_w = 50
-    sx = (width - label_w) / t_end
-    sy = (height - 20) / top
-    parts = []
-    # Each series is a polygon between the cumulative sums below and including it.
-    for idx, key in enumerate(keys):
-        color = _PALETTE[idx % len(_PALETTE)]
-        upper, lower = [], []
-        for j, (t, s) in enumerate(points):
-            t_next = points[j + 1][0] if j + 1 < len(points) else t_end
-            below = sum(s.get(k, 0) for k in keys[:idx])
-            here = below + s.get(key, 0)
-            for tt in (t, t_next):
-                upper.append((label_w + tt * sx, height - 20 - here * sy))
-                lower.append((label_w + tt * sx, height - 20 - below * sy))
-        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in upper + lower[::-1])
-        parts.append(f'<polygon points="{pts}" fill="{color}" fill-opacity="0.85"><title>{_esc(key)}</title></polygon>')
-    if capacity:
-        y = height - 20 - capacity * sy
-        parts.append(f'<line x1="{label_w}" y1="{y:.1f}" x2="{width}" y2="{y:.1f}" stroke="#c00" '
-                     f'stroke-dasharray="4 3"/><text x="{label_w + 4}" y="{y + 12:.1f}" font-size="10" fill="#c00">'
-                     f'capacity {capacity / GiB:.0f} GiB</text>')
-    parts.append(f'<text x="0" y="12" font-size="10">{top / GiB:.0f} GiB</text>')
-    parts.append(f'<text x="0" y="{height - 22}" font-size="10">0</text>')
-    legend = "".join(f'<span class="key"><i style="background:{_PALETTE[i % len(_PALETTE)]}"></i>{_esc(k)}</span>'
-                     for i, k in enumerate(keys))
-    name = "host pinned memory" if gpu == HOST else f"GPU {gpu}"
-    return (f'<h3>{name}</h3><svg width="{width}" height="{height}" role="img">{"".join(parts)}</svg>'
-            f'<div class="legend">{legend}</div>')
-
-
-def _table(rows: list[list[Any]], head: list[str]) -> str:
-    th = "".join(f"<th>{_esc(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def render_html(doc: dict[str, Any], recorder: Recorder) -> str:
-    """The report page for one simulation `doc` (the --json document) and its recorder."""
-    summary = doc["summary"]
-    verdict = doc["verdict"]
-    phases = summary["phases"]
-    phase_rows = [[n, f'{p["seconds"]:.3f}', f'{p["percent"]:.1f}'] for n, p in phases.items()]
-    phase_rows.append(["T_step", f'{summary["t_step"]:.3f}', "100.0"])
-    mem_rows = []
-    for g in doc["memory"]["gpus"]:
-        mem_rows.append([g["gpu"], f'{g["peak_gib"]:.2f}', f'{g["capacity_gib"]:.2f}', f'{g["headroom_gib"]:.2f}',
-                         g.get("peak_phase", ""),
-                         ", ".join(f"{k} {v:.2f}" for k, v in g["by_owner_tag_gib"].items())])
-    caps = {g["gpu"]: int(g["capacity_gib"] * GiB) for g in doc["memory"]["gpus"]}
-    charts = "".join(_memory_chart(recorder, gpu, caps.get(gpu)) for gpu in sorted({m.gpu for m in recorder.samples}))
-    if verdict["fits"]:
-        verdict_html = '<p class="ok">Fits: no GPU ran out of memory.</p>'
-    else:
-        o = verdict["oom"]
-        fixes = "".join(f"<li>{_esc(f)}</li>" for f in verdict.get("fixes", []))
-        verdict_html = (f'<p class="oom">OOM during {_esc(o["phase"])} on GPU {o["gpu"]}: {_esc(o["owner"])}/'
-                        f'{_esc(o["tag"])} short by {o["short_by_gib"]:.2f} GiB (t = {o["time_s"]:.3f} s)</p>'
-                        f"<ul>{fixes}</ul>")
-    cfg = doc.get("config", {})
-    if str(doc.get("schema", "")).startswith("vime.train"):
-        title = f'vime train (measured) — {cfg.get("hf_checkpoint", "")} on this machine'
-    else:
-        title = f'vime simulate — {cfg.get("model", "")} on {cfg.get("hardware", "")}'
-    rollout_rows = [[k, v] for k, v in doc.get("rollout", {}).items()]
+def _page(title: str, kind: str, body: str, data: dict[str, Any]) -> str:
+    """The page shell: styles and the renderer inline, the view model as JSON."""
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:980px}}
-table{{border-collapse:collapse;margin:8px 0 16px}}td,th{{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}}
-.ok{{color:#176a2a;font-weight:bold}}.oom{{color:#b00;font-weight:bold}}
-.legend{{font-size:11px;margin-bottom:12px}}.key{{margin-right:10px}}.key i{{display:inline-block;width:10px;height:10px;margin-right:3px}}
-</style></head><body>
-<h1>{_esc(title)}</h1>
-<h2>Verdict</h2>{verdict_html}
-<h2>Where a step's time goes</h2>{_phase_bar(phases)}
-{_table(phase_rows, ["phase", "seconds", "%"])}
-<h2>Rollout</h2>{_table(rollout_rows, ["figure", "value"])}
-<h2>Timeline</h2>{_timeline(recorder)}
-<h2>Peak memory per GPU</h2>{_table(mem_rows, ["GPU", "peak GiB", "capacity GiB", "headroom GiB", "phase at peak", "by owner/tag (GiB)"])}
-<h2>Memory over time</h2>{charts}
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="vime {_esc(__version__)}">
+<title>{_esc(title)}</title>
+<style>{_asset("report.css")}</style></head>
+<body class="vime-report" data-kind="{_esc(kind)}">
+<main>
+{body}
+<footer>Written by vime {_esc(__version__)}. One file, no network: the charts are SVG drawn by the script in this
+page. Drag across a chart to zoom, double-click to zoom out.</footer>
+</main>
+<div id="vime-tip" role="tooltip" hidden></div>
+<script type="application/json" id="vime-data">{_json_script(data)}</script>
+<script>{_asset("report.js")}</script>
+<noscript><p class="warn">The charts need JavaScript; the tables above are complete without it.</p></noscript>
 </body></html>
 """
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces shared by the pages
+# --------------------------------------------------------------------------------------------
+
+
+def _gpus_of(cfg: dict[str, Any]) -> int:
+    actor = int(cfg.get("actor_num_gpus") or 0)
+    return actor if cfg.get("colocate", True) else actor + int(cfg.get("rollout_num_gpus") or 0)
+
+
+def layout_line(cfg: dict[str, Any]) -> str:
+    """One line of the layout: placement, parallelism, engines, batch."""
+    if not cfg:
+        return ""
+    parts = [("colocated" if cfg.get("colocate") else "disaggregated"),
+             f"TP {cfg.get('tensor_model_parallel_size')} × DP {cfg.get('data_parallel_size')}",
+             f"{cfg.get('rollout_num_engines')} engine(s) × {cfg.get('rollout_num_gpus_per_engine')} GPU(s)",
+             f"{cfg.get('rollout_batch_size')} prompts × {cfg.get('n_samples_per_prompt')} samples",
+             f"micro-batch {cfg.get('micro_batch_size')}"]
+    return " · ".join(parts)
+
+
+def _dev(gpu: int) -> str:
+    """A device as people say it: "GPU 3", or "host" for host memory (device -1)."""
+    return "host" if gpu < 0 else f"GPU {gpu}"
+
+
+def _kpi(label: str, value: str, note: str = "", cls: str = "") -> str:
+    return (f'<div class="kpi {cls}"><div class="kpi-label">{_esc(label)}</div>'
+            f'<div class="kpi-value">{_esc(value)}</div><div class="kpi-note">{_esc(note)}</div></div>')
+
+
+def _cost(t_step: float, gpus: int, samples: int) -> tuple[float, float]:
+    """(GPU-seconds per step, GPU-seconds per 1000 samples)."""
+    per_step = gpus * t_step
+    return per_step, (per_step / samples * 1000 if samples else 0.0)
+
+
+def _swatch(color: str) -> _Raw:
+    return _Raw(f'<i class="sw" style="background:{html.escape(color)}"></i>')
+
+
+def _phase_table(doc: dict[str, Any]) -> str:
+    summary = doc.get("summary", {})
+    t_step = summary.get("t_step", 0.0)
+    rows = []
+    phases = summary.get("phases", {})
+    for name in PHASE_ORDER:
+        p = phases.get(name)
+        if p is None:
+            continue
+        shown = fmt_seconds(p["seconds"])
+        band = p.get("band")
+        if isinstance(band, list) and len(band) == 2:
+            shown += f" ({fmt_seconds(band[0])} – {fmt_seconds(band[1])})"
+        bar = _Raw(f'<span class="pct"><span style="width:{min(100.0, max(0.0, p["percent"])):.1f}%;'
+                   f'background:{PHASE_COLORS.get(name, "#999")}"></span></span> {p["percent"]:.1f} %')
+        rows.append([_Raw(_swatch(PHASE_COLORS.get(name, "#999")) + _esc(PHASE_LABELS.get(name, name))),
+                     SEED_STEPS.get(name, ""), (shown, p["seconds"]), (bar, p["percent"])])
+    rows.append([_Raw("<b>T_step</b>"), "1–55", (_Raw(f"<b>{_esc(fmt_seconds(t_step))}</b>"), t_step), "100 %"])
+    return _table(["phase", "seed steps", "time", "share of T_step"], rows, num=(2, 3))
+
+
+def _memory_table(doc: dict[str, Any]) -> str:
+    """Peak memory per GPU; GPUs with the same figures share a row."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for g in doc.get("memory", {}).get("gpus", []):
+        norm = tuple(sorted((f"{role_of(k.split('/', 1)[0])}/{k.split('/', 1)[1]}", v)
+                            for k, v in g["by_owner_tag_gib"].items()))
+        key = (g["peak_gib"], g["capacity_gib"], g.get("peak_phase", ""), norm)
+        groups.setdefault(key, []).append(g)
+    rows = []
+    for members in sorted(groups.values(), key=lambda ms: ms[0]["gpu"]):
+        g = members[0]
+        gpus = [m["gpu"] for m in members]
+        share = 100 * g["peak_gib"] / g["capacity_gib"] if g["capacity_gib"] else 0.0
+        cls = "bad" if g["headroom_gib"] < 0 else ("warn" if share > 95 else "good")
+        bar = _Raw(f'<span class="pct {cls}"><span style="width:{min(100.0, share):.1f}%"></span></span> '
+                   f'{share:.0f} %')
+        parts = sorted(g["by_owner_tag_gib"].items(), key=lambda kv: -kv[1])
+        breakdown = ", ".join(f"{series_label(role_of(k.split('/', 1)[0]), k.split('/', 1)[1])} {fmt_gib(v)}"
+                              for k, v in parts[:6])
+        if len(parts) > 6:
+            breakdown += f", {len(parts) - 6} more"
+        rows.append(["host" if gpus == [-1] else ("GPUs " if len(gpus) > 1 else "GPU ") + gpu_ranges(gpus), (fmt_gib(g["peak_gib"]), g["peak_gib"]), (fmt_gib(g["capacity_gib"]), g["capacity_gib"]),
+                     (bar, share), (fmt_gib(g["headroom_gib"]), g["headroom_gib"]),
+                     PHASE_LABELS.get(g.get("peak_phase") or "", g.get("peak_phase") or "—"), breakdown])
+    host = doc.get("memory", {}).get("host_pinned_peak_gib")
+    table = _table(["device", "peak", "capacity", "used", "headroom", "during", "held at the peak"], rows, num=(1, 2, 3, 4))
+    if host:
+        table += f'<p class="note">Host pinned memory peak: {_esc(fmt_gib(host))}.</p>'
+    return table
+
+
+_ROLLOUT_LABELS = (
+    ("tokens_generated", "Tokens generated per step", fmt_count),
+    ("tokens_per_s_per_gpu", "Generation throughput per GPU", lambda v: f"{v:,.0f} tokens/s"),
+    ("tokens_per_s", "Generation throughput", lambda v: f"{v:,.0f} tokens/s"),
+    ("longest_sample_tokens", "Longest sample", lambda v: f"{v:,} tokens"),
+    ("engine_busy_share", "Engines busy during rollout", lambda v: f"{100 * v:.0f} %"),
+    ("preemptions", "Preemptions (KV cache ran out)", fmt_count),
+    ("aborted_requests", "Aborted requests", fmt_count),
+)
+
+
+def _rollout_table(doc: dict[str, Any]) -> str:
+    r = doc.get("rollout", {})
+    rows = [[label, fmt(r[key])] for key, label, fmt in _ROLLOUT_LABELS if key in r]
+    if "kv_blocks_total" in r:
+        rows.insert(4, ["KV cache blocks at the peak", f"{r.get('kv_blocks_peak', 0):,} of {r['kv_blocks_total']:,} "
+                                                       f"({100 * r.get('kv_blocks_used_share', 0):.1f} %)"])
+    return _table(["", ""], rows, cls="kv", num=(1,))
+
+
+def _startup_table(doc: dict[str, Any]) -> str:
+    s = doc.get("startup")
+    if not s:
+        return ""
+    rows: list[list[Any]] = [[PHASE_LABELS["onload_weights"], fmt_seconds(s.get("t_onload_weights"))],
+            [PHASE_LABELS["weight_sync"], f"{fmt_seconds(s.get('t_weight_sync'))} ({s.get('buckets', '?')} buckets, "
+                                          f"weights v{s.get('weight_version', '?')})"],
+            [PHASE_LABELS["onload_kv"], fmt_seconds(s.get("t_onload_kv"))],
+            [_Raw("<b>start-up (seed steps 1–13)</b>"), _Raw(f"<b>{_esc(fmt_seconds(s.get('t_total')))}</b>")]]
+    return _table(["", ""], rows, cls="kv", num=(1,))
+
+
+def _fixes_table(verdict: dict[str, Any]) -> str:
+    results = verdict.get("fix_results") or []
+    if not results and verdict.get("fixes"):
+        results = [{"fix": f.split(": ", 1)[0], "result": f.split(": ", 1)[-1], "fits": ": fits" in f,
+                    "t_step_s": None} for f in verdict["fixes"]]
+    if not results:
+        return "<p>No fix was tried.</p>"
+    rows = []
+    for r in results:
+        badge = _Raw('<span class="badge good">fits</span>' if r["fits"] else
+                     '<span class="badge bad">still OOM</span>' if "still OOM" in r["result"] else
+                     '<span class="badge">invalid</span>')
+        t = r.get("t_step_s")
+        rows.append([r["fix"], badge, (fmt_seconds(t) if t is not None else "—", t if t is not None else "")])
+    return _table(["change", "simulated outcome", "T_step then"], rows, cls="fixes", num=(2,))
+
+
+def _trace_link(trace_href: str | None) -> str:
+    if not trace_href:
+        return ('<p class="note">For every call and allocation, write a trace with <code>--trace-out FILE</code> '
+                'and open it in Perfetto (ui.perfetto.dev) or chrome://tracing.</p>')
+    return (f'<p class="deep">Deep dive: <a href="{html.escape(trace_href)}" download>{_esc(trace_href)}</a> — the '
+            f'Perfetto trace of this run (one track per GPU, engine and trainer; memory as counters). Open it in '
+            f'Perfetto (ui.perfetto.dev, "Open trace file") or chrome://tracing.</p>')
+
+
+# --------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------
+
+
+def _verdict_banner(doc: dict[str, Any], measured: bool) -> str:
+    v = doc["verdict"]
+    summary = doc.get("summary", {})
+    if v["fits"]:
+        gpus = doc.get("memory", {}).get("gpus", [])
+        worst = min(gpus, key=lambda g: g["headroom_gib"]) if gpus else None
+        what = "Ran to the end" if measured else "Fits"
+        text = f"{what}: T_step {fmt_seconds(summary.get('t_step'))}"
+        if worst is not None:
+            text += f", smallest headroom {fmt_gib(worst['headroom_gib'])} on {_dev(worst['gpu'])}"
+            phase = worst.get("peak_phase")
+            if phase:  # a peak outside every phase (an engine's KV cache taken at launch) has none to name
+                text += f" ({PHASE_LABELS.get(phase, phase).lower()})"
+        return f'<section class="verdict ok" id="verdict"><span class="icon">✓</span> {_esc(text)}</section>'
+    o = v["oom"]
+    fits = [r for r in (v.get("fix_results") or []) if r.get("fits")]
+    tried = len(v.get("fix_results") or v.get("fixes") or [])
+    role = role_of(o["owner"])
+    text = (f"Out of memory during {PHASE_LABELS.get(o['phase'], o['phase']).lower()} (step {o.get('rollout_id')}) on "
+            f"GPU {o['gpu']}: {series_label(role, o['tag'])} asked for {fmt_gib(o['requested_gib'])} with "
+            f"{fmt_gib(o['free_gib'])} free — short by {fmt_gib(o['short_by_gib'])} at t = {fmt_seconds(o['time_s'])}.")
+    if tried:
+        text += f" {len(fits)} of {tried} simulated fixes fit" + (f"; first: {fits[0]['fix']}." if fits else ".")
+    return f'<section class="verdict oom" id="verdict"><span class="icon">✕</span> {_esc(text)}</section>'
+
+
+def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | None = None) -> str:
+    """The page of one run: `doc` is its document (``vime.simulate/1`` or ``vime.train/1``), `recorder` what it
+    recorded; `trace_href` links the Perfetto trace written beside the page."""
+    cfg = doc.get("config", {})
+    measured = str(doc.get("schema", "")).startswith("vime.train")
+    summary = doc.get("summary", {})
+    steps = doc.get("steps", [])
+    if measured:
+        where = "this machine"
+        ckpt = str(cfg.get("hf_checkpoint") or "").rstrip("/")
+        what = ckpt.rsplit("/", 1)[-1] or "model"  # the checkpoint's name; its path is in the trace and the config
+        title = f"{what} on {where}"
+        eyebrow = f"vime train (measured) · --backend {doc.get('backend', 'real')} · {len(steps)} step(s)"
+    else:
+        title = f"{doc.get('model', {}).get('name', cfg.get('model', ''))} on {_gpus_of(cfg)} × " \
+                f"{doc.get('hardware', {}).get('name', cfg.get('hardware', ''))}"
+        eyebrow = f"vime simulate · {len(steps)} simulated step(s)"
+    view = run_view(doc, recorder)
+    bars = phase_rows(doc)
+    partial = partial_step(recorder) if not doc["verdict"]["fits"] else None
+    if partial is not None:
+        bars.append(partial)
+    gpus = _gpus_of(cfg)
+    samples = int(cfg.get("samples_per_rollout") or 0)
+    kpis = []
+    t_step = summary.get("t_step", 0.0)
+    if steps:
+        band = summary.get("t_step_band")
+        note = f"range {fmt_seconds(band[0])} – {fmt_seconds(band[1])}" if isinstance(band, list) else \
+            f"mean of {len(steps)} step(s)"
+        kpis.append(_kpi("T_step", fmt_seconds(t_step), note))
+        r = doc.get("rollout", {})
+        if "tokens_per_s_per_gpu" in r:
+            kpis.append(_kpi("Generation", f"{r['tokens_per_s_per_gpu']:,.0f} tok/s/GPU",
+                             f"{r.get('tokens_generated', 0):,} tokens per step"))
+        elif "tokens_per_s" in r:
+            kpis.append(_kpi("Generation", f"{r['tokens_per_s']:,.0f} tok/s", f"{r.get('tokens_generated', 0):,} tokens per step"))
+        per_step, per_1k = _cost(t_step, gpus, samples)
+        if gpus:
+            kpis.append(_kpi("Cost per step", f"{per_step:,.0f} GPU·s", f"{per_1k:,.0f} GPU·s per 1k samples "
+                                                                       f"({gpus} GPUs, {samples} samples)"))
+    else:
+        kpis.append(_kpi("T_step", "—", "no step completed", "bad"))
+    mem = doc.get("memory", {}).get("gpus", [])
+    if mem:
+        worst = max(mem, key=lambda g: g["peak_gib"] / g["capacity_gib"] if g["capacity_gib"] else 0)
+        fits = doc["verdict"]["fits"]
+        # after an OOM the peak is what was held when the allocation failed: its "headroom" is not room to spare
+        kpis.append(_kpi("Peak memory" if fits else "Peak memory held",
+                         f"{fmt_gib(worst['peak_gib'])} of {fmt_gib(worst['capacity_gib'])}",
+                         f"{_dev(worst['gpu'])}, headroom {fmt_gib(worst['headroom_gib'])}" if fits else
+                         f"{_dev(worst['gpu'])}, the most held before the OOM", "" if fits else "bad"))
+    v = doc["verdict"]
+    if not v["fits"]:
+        o = v["oom"]
+        kpis.append(_kpi("Out of memory", f"short by {fmt_gib(o['short_by_gib'])}",
+                         f"GPU {o['gpu']} at t = {fmt_seconds(o['time_s'])}", "bad"))
+    body = [f'<header><div class="eyebrow">{_esc(eyebrow)}</div><h1>{_esc(title)}</h1>'
+            f'<p class="sub">{_esc(layout_line(cfg))}</p></header>',
+            _verdict_banner(doc, measured),
+            f'<section class="kpis">{"".join(kpis)}</section>']
+    time_title = "Where a step's time goes" if steps else "What ran before the OOM"
+    body.append(f'<section id="phases"><h2>{time_title}</h2><div class="chart" id="phase-chart"></div>'
+                + (_phase_table(doc) if steps else "") + "</section>")
+    if not v["fits"]:
+        body.append(f'<section id="fixes"><h2>Fixes, each simulated</h2>{_fixes_table(v)}</section>')
+    body.append('<section id="timeline-memory"><h2>Timeline and memory over time</h2>'
+                '<p class="hint">One time axis for the timeline and every memory chart; the coloured bands are the '
+                'phases. Drag across any chart to zoom (all follow), double-click to zoom out, hover for values.</p>'
+                '<div class="toolbar" id="zoom-bar"></div><div class="frame"><div class="chart" id="timeline"></div></div>'
+                '<div id="memory-charts"></div></section>')
+    if mem:
+        body.append(f'<section id="peaks"><h2>Peak memory per GPU</h2>{_memory_table(doc)}</section>')
+    details = []
+    if steps:
+        details.append(f'<div><h3>Rollout</h3>{_rollout_table(doc)}</div>')
+    if doc.get("startup"):
+        details.append(f'<div><h3>Start-up</h3>{_startup_table(doc)}</div>')
+    if details:
+        body.append(f'<section id="details" class="cols">{"".join(details)}</section>')
+    body.append(f'<section id="files">{_trace_link(trace_href)}</section>')
+    data = {"kind": "run", "measured": measured, "view": view, "bars": bars}
+    return _page(f"{eyebrow.split(' · ')[0]} — {title}", "run", "\n".join(body), data)
+
+
+# --------------------------------------------------------------------------------------------
+# A sweep or a search
+# --------------------------------------------------------------------------------------------
+
+
+def change_label(changes: dict[str, Any]) -> str:
+    """``{"micro_batch_size": 8, "tensor_model_parallel_size": 2}`` → "micro-batch 8 · TP 2" (GPUs first)."""
+    ch = dict(changes)
+    parts = []
+    if "actor_num_gpus_per_node" in ch:
+        gpus = int(ch.pop("actor_num_gpus_per_node")) * int(ch.pop("actor_num_nodes", 1))
+        parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
+    for k in ch:
+        v = ch[k]
+        if isinstance(v, bool):
+            v = "on" if v else "off"
+        parts.append(f"{OPTION_LABELS.get(k, '--' + k.replace('_', '-'))} {v}")
+    return " · ".join(parts) or "base"
+
+
+def sweep_rows(results: Sequence[Any], samples: int | None = None) -> list[dict[str, Any]]:
+    """The view of ranked `PointResult`s (rank 1 first)."""
+    rows = []
+    for rank, r in enumerate(results, 1):
+        status = "fits" if r.valid and r.fits else ("oom" if r.valid else "invalid")
+        rows.append({"rank": rank, "label": change_label(r.changes), "changes": {k: r.changes[k] for k in sorted(r.changes)},
+                     "status": status, "t_step": r.t_step if status == "fits" else None,
+                     "phases": {p: r.phases.get(p, 0.0) for p in PHASE_ORDER if r.phases.get(p)} if status == "fits" else {},
+                     "gpus": r.gpus, "gpu_s_step": r.gpu_s_per_step if status == "fits" else None,
+                     "gpu_s_1k": r.gpu_s_per_1k_samples if status == "fits" else None,
+                     "peak_gib": r.peak_gib, "capacity_gib": r.capacity_gib,
+                     "headroom_gib": round(r.capacity_gib - r.peak_gib, 3) if r.capacity_gib else None,
+                     "short_by_gib": r.short_by_gib, "reason": r.oom or r.error, "argv": list(r.argv)})
+    return rows
+
+
+def _sweep_table(rows: list[dict[str, Any]], axes: Sequence[str]) -> str:
+    head = ["#", *[OPTION_LABELS.get(a, "--" + a.replace("_", "-")) for a in axes], "status", "T_step", "GPUs",
+            "GPU·s / step", "GPU·s / 1k samples", "peak", "headroom", "reason"]
+    body = []
+    for r in rows:
+        badge = {"fits": '<span class="badge good">fits</span>', "oom": '<span class="badge bad">OOM</span>',
+                 "invalid": '<span class="badge">invalid</span>'}[r["status"]]
+        vals = [r["changes"].get(a, "") for a in axes]
+        body.append([(str(r["rank"]), r["rank"]), *[(str(v), v if isinstance(v, (int, float)) else str(v)) for v in vals],
+                     (_Raw(badge), r["status"]),
+                     (fmt_seconds(r["t_step"]), r["t_step"] if r["t_step"] is not None else ""),
+                     (str(r["gpus"] or "—"), r["gpus"]),
+                     (f"{r['gpu_s_step']:,.0f}" if r["gpu_s_step"] is not None else "—", r["gpu_s_step"] or ""),
+                     (f"{r['gpu_s_1k']:,.0f}" if r["gpu_s_1k"] is not None else "—", r["gpu_s_1k"] or ""),
+                     (fmt_gib(r["peak_gib"]) if r["status"] != "invalid" else "—", r["peak_gib"]),
+                     (fmt_gib(r["headroom_gib"]) if r["headroom_gib"] is not None and r["status"] == "fits" else "—",
+                      r["headroom_gib"] if r["headroom_gib"] is not None else ""),
+                     r["reason"] or ""])
+    n = len(axes)
+    return _table(head, body, cls="ranked", sortable=True, num=(0, n + 2, n + 3, n + 4, n + 5, n + 6, n + 7))
+
+
+def command_block(argv: Sequence[str], placeholders: dict[str, str]) -> str:
+    """The winning command, copyable, and what its placeholders stand for."""
+    text = " ".join(argv)
+    notes = "".join(f"<li><code>{_esc(k)}</code> is a placeholder: {_esc(v)}</li>" for k, v in placeholders.items())
+    return (f'<div class="cmd"><button type="button" class="copy" data-copy="cmd-best">copy</button>'
+            f'<pre id="cmd-best">{_esc(text)}</pre></div>' + (f"<ul class='note'>{notes}</ul>" if notes else ""))
+
+
+def render_sweep_html(results: Sequence[Any], base: Any, *, kind: str = "sweep", goal: str | None = None,
+                      best: Any = None, target_step_time: float | None = None, interrupted: tuple[int, int] | None = None,
+                      placeholders: dict[str, str] | None = None, axes: Sequence[str] | None = None) -> str:
+    """The page of a sweep (`kind` "sweep") or a search ("search", with its `goal` and `best`): ranked
+    `PointResult`s of configurations of `base` (the resolved Args). `interrupted` is (done, total)."""
+    cfg = base.to_dict()
+    rows = sweep_rows(results)
+    if axes is None:
+        axes = sorted({k for r in results for k in r.changes}, key=lambda k: [a for r in results for a in r.changes].index(k))
+    fits = [r for r in rows if r["status"] == "fits"]
+    ooms = [r for r in rows if r["status"] == "oom"]
+    bad = [r for r in rows if r["status"] == "invalid"]
+    model, hw = cfg.get("model", ""), cfg.get("hardware", "")
+    if kind == "search":
+        eyebrow = f"vime simulate --search {goal}"
+        title = f"{model} on {hw}: {len(rows)} layouts, best of each GPU count and parallelism"
+    else:
+        eyebrow = "vime simulate --sweep " + " × ".join(f"{a.replace('_', '-')}" for a in axes)
+        title = f"{model} on {hw}: {len(rows)} configurations"
+    sub = f"base: {layout_line(cfg)}"
+    best_idx = None
+    if kind == "search" and best is not None:
+        best_idx = next((i for i, r in enumerate(results) if r is best), None)
+    elif fits:
+        best_idx = 0
+    banner_cls = "ok" if best_idx is not None else "oom"
+    if best_idx is not None:
+        b = rows[best_idx]
+        what = {"fastest": "Fastest", "fewest-gpus": "Fewest GPUs", "cheapest": "Cheapest"}.get(goal or "", "Fastest")
+        text = (f"{what}: {b['label']} — T_step {fmt_seconds(b['t_step'])} on {b['gpus']} GPUs, "
+                f"{b['gpu_s_step']:,.0f} GPU·s per step ({b['gpu_s_1k']:,.0f} per 1k samples)")
+    elif kind == "search":
+        text = "No configuration meets the goal within --max-gpus; raise --max-gpus or relax the target."
+    else:
+        text = "No configuration fits."
+    counts = f"{len(fits)} fit, {len(ooms)} out of memory, {len(bad)} invalid"
+    if interrupted:
+        counts += f" — interrupted: {interrupted[0]} of {interrupted[1]} finished"
+    body = [f'<header><div class="eyebrow">{_esc(eyebrow)}</div><h1>{_esc(title)}</h1><p class="sub">{_esc(sub)}</p></header>',
+            f'<section class="verdict {banner_cls}" id="verdict"><span class="icon">{"✓" if best_idx is not None else "✕"}</span> '
+            f'{_esc(text)}<div class="counts">{_esc(counts)}</div></section>']
+    if kind == "search" and best is not None:
+        body.append(f'<section id="command"><h2>Run it</h2>{command_block(best.argv, placeholders or {})}</section>')
+    if kind == "search":
+        body.append('<section id="frontier"><h2>Step time against GPU count</h2><p class="hint">Every layout searched; '
+                    'the line is the frontier (the fastest step for at most that many GPUs).</p>'
+                    '<div class="chart" id="frontier-chart"></div></section>'
+                    '<section id="cost"><h2>What a step costs</h2><p class="hint">GPU-seconds per 1000 samples: '
+                    'GPUs × T_step ÷ samples per step × 1000.</p><div class="chart" id="cost-chart"></div></section>')
+    else:
+        body.append('<section id="sweep-lines" hidden><h2>T_step along the sweep</h2><div class="chart" id="sweep-chart"></div></section>')
+    body.append('<section id="ranking"><h2>Ranked: where the time goes and how much memory is left</h2>'
+                '<p class="hint">Fitting configurations by T_step, then the ones that run out of memory (with the '
+                'reason), then invalid ones.</p><div class="chart" id="rank-chart"></div></section>')
+    body.append(f'<section id="table"><h2>All configurations</h2><p class="hint">Click a column to sort.</p>'
+                f'<div class="scroll">{_sweep_table(rows, axes)}</div></section>')
+    samples = int(cfg.get("samples_per_rollout") or 0)
+    data = {"kind": kind, "goal": goal, "rows": rows, "best": best_idx, "axes": list(axes),
+            "axis_labels": {a: OPTION_LABELS.get(a, "--" + a.replace("_", "-")) for a in axes},
+            "target": target_step_time, "samples": samples,
+            "phase_labels": {p: PHASE_LABELS[p] for p in PHASE_ORDER}, "phase_colors": {p: PHASE_COLORS[p] for p in PHASE_ORDER}}
+    return _page(f"{eyebrow} — {title}", kind, "\n".join(body), data)
+
+
+# --------------------------------------------------------------------------------------------
+# A run beside its simulation
+# --------------------------------------------------------------------------------------------
+
+
+def _err_cell(e: float | None, minor: bool = False) -> Any:
+    """An error in %, coloured by size; `minor` (a phase too short to matter) is greyed whatever its size."""
+    if e is None:
+        return ("—", "")
+    cls = "minor" if minor else ("good" if abs(e) <= 10 else ("warn" if abs(e) <= 25 else "bad"))
+    note = ' title="under 1 % of T_step either way: its error hardly moves T_step"' if minor else ""
+    return (_Raw(f'<span class="err {cls}"{note}>{e:+.1f} %</span>'), e)
+
+
+def _minor(r: dict[str, Any], t_step: dict[str, Any]) -> bool:
+    """Measured and simulated both under 1 % of the measured T_step."""
+    total = t_step.get("measured_s") or 0
+    return total > 0 and max(r.get("measured_s") or 0, r.get("predicted_s") or 0) < 0.01 * total
+
+
+def render_compare_html(cmp: dict[str, Any], *, measured_view: dict[str, Any] | None, simulated_view: dict[str, Any] | None,
+                        title: str, sub: str = "", trace_href: str | None = None) -> str:
+    """The page of a measured run beside its simulation: `cmp` is `vime.report.compare.compare`'s document;
+    the views (`run_view` shape, or `compare.timeline_from_steps`) give each side's timeline and memory."""
+    mean = cmp.get("mean_steady_steps") or {}
+    if not any(r.get("measured_s") for r in mean.values()):
+        mean = cmp.get("mean_all_steps") or {}
+    t = mean.get("t_step", {})
+    err = t.get("error_pct")
+    worst = max(((p, r["error_pct"]) for p, r in mean.items() if p in PHASE_ORDER and r.get("error_pct") is not None
+                 and (r.get("measured_s") or 0) > 0.02 * (t.get("measured_s") or 1)),
+                key=lambda x: abs(x[1]), default=None)
+    if err is None:
+        text = "No step was measured and simulated both; nothing to compare."
+        cls = "oom"
+    else:
+        text = (f"Simulated T_step {fmt_seconds(t.get('predicted_s'))} against {fmt_seconds(t.get('measured_s'))} measured: "
+                f"{err:+.1f} %")
+        if worst is not None:
+            text += f"; the phase furthest off is {PHASE_LABELS.get(worst[0], worst[0]).lower()} ({worst[1]:+.1f} %)"
+        cls = "ok" if abs(err) <= 15 else "oom"
+    problems = cmp.get("problems") or []
+    body = [f'<header><div class="eyebrow">measured beside simulated</div><h1>{_esc(title)}</h1>'
+            f'<p class="sub">{_esc(sub)}</p></header>',
+            f'<section class="verdict {cls}" id="verdict"><span class="icon">{"✓" if cls == "ok" else "!"}</span> {_esc(text)}'
+            + (f'<div class="counts">{_esc("; ".join(problems))}</div>' if problems else "") + "</section>"]
+    body.append('<section id="phase-compare"><h2>Each phase, measured and simulated</h2><p class="hint">Mean over the '
+                'steady steps (rollout id ≥ 1, or all steps when there is only one); error = (simulated − measured) ÷ '
+                'measured (grey where the phase is under 1 % of T_step).</p><div class="chart" id="compare-chart"></div></section>')
+    rows = []
+    for p in (*PHASE_ORDER, "t_gap", "t_step"):
+        r = mean.get(p)
+        if r is None or (r.get("measured_s") is None and r.get("predicted_s") is None):
+            continue
+        label = _Raw("<b>T_step</b>") if p == "t_step" else (
+            PHASE_LABELS["gap"] if p == "t_gap" else _Raw(_swatch(PHASE_COLORS.get(p, "#999")) + _esc(PHASE_LABELS.get(p, p))))
+        rows.append([label, (fmt_seconds(r.get("measured_s")), r.get("measured_s") or ""),
+                     (fmt_seconds(r.get("predicted_s")), r.get("predicted_s") or ""),
+                     _err_cell(r.get("error_pct"), minor=p != "t_step" and _minor(r, t))])
+    body.append(_table(["phase", "measured", "simulated", "error"], rows, num=(1, 2, 3)))
+    srows = []
+    for s in cmp.get("steps", []):
+        r = s["phases"]["t_step"]
+        srows.append([f"step {s['rollout_id']}", (fmt_seconds(r["measured_s"]), r["measured_s"] or ""),
+                      (fmt_seconds(r["predicted_s"]), r["predicted_s"] or ""), _err_cell(r["error_pct"]),
+                      "" if s.get("weight_version") is None else f"v{s['weight_version']:.0f}"])
+    su = cmp.get("startup", {}).get("t_total", {})
+    if su.get("measured_s") is not None or su.get("predicted_s") is not None:
+        srows.insert(0, ["start-up", (fmt_seconds(su.get("measured_s")), su.get("measured_s") or ""),
+                         (fmt_seconds(su.get("predicted_s")), su.get("predicted_s") or ""), _err_cell(su.get("error_pct")), ""])
+    body.append(f'<section id="steps"><h2>Each step</h2>{_table(["", "measured", "simulated", "error", "weights"], srows, num=(1, 2, 3))}</section>')
+    body.append('<section id="timeline-memory"><h2>Timelines and memory, on one axis</h2><p class="hint">Both runs start '
+                'at the first step\'s rollout (t = 0; start-up lies before it). Drag to zoom, double-click to zoom out.</p>'
+                '<div class="toolbar" id="zoom-bar"></div><div class="frame"><div class="chart" id="timeline"></div></div>'
+                '<div id="memory-charts"></div></section>')
+    mem = cmp.get("memory", {}).get("gpus", {})
+    if mem:
+        mrows = []
+        for gpu, g in sorted(mem.items(), key=lambda kv: int(kv[0])):
+            mrows.append([f"GPU {gpu}", (fmt_gib(g["peak_mib"] / 1024), g["peak_mib"]),
+                          (fmt_gib(g["predicted_peak_mib"] / 1024) if g.get("predicted_peak_mib") is not None else "—",
+                           g.get("predicted_peak_mib") or ""), _err_cell(g.get("peak_error_pct"))])
+        body.append(f'<section id="peaks"><h2>Peak memory</h2>{_table(["", "measured", "simulated", "error"], mrows, num=(1, 2, 3))}'
+                    '<p class="note">Measured memory is what the driver reports for the whole GPU (every process, '
+                    'allocator caches included); the simulation counts the tagged allocations.</p></section>')
+    body.append(f'<section id="files">{_trace_link(trace_href)}</section>')
+    data = {"kind": "compare", "sides": [s for s in ({"name": "measured", "view": measured_view},
+                                                       {"name": "simulated", "view": simulated_view}) if s["view"]],
+            "mean": {p: mean[p] for p in PHASE_ORDER if p in mean}, "steps": cmp.get("steps", []),
+            "phase_labels": {p: PHASE_LABELS[p] for p in PHASE_ORDER}, "phase_colors": {p: PHASE_COLORS[p] for p in PHASE_ORDER}}
+    return _page(f"vime — {title}: measured beside simulated", "compare", "\n".join(body), data)
+
+
+__all__ = ["GiB", "change_label", "command_block", "render_compare_html", "render_html", "render_sweep_html", "sweep_rows"]

@@ -46,7 +46,10 @@ SIMULATE_SCHEMA: dict[str, Any] = {
             "fits": {"type": "boolean"},
             "oom": {"oneOf": [{"type": "null"}, {"type": "object", "required": [
                 "phase", "gpu", "owner", "tag", "requested_gib", "free_gib", "short_by_gib", "time_s"]}]},
-            "fixes": {"type": "array", "items": {"type": "string"}}}},
+            "fixes": {"type": "array", "items": {"type": "string"}},
+            "fix_results": {"type": "array", "items": {"type": "object", "required": ["fix", "changes", "fits", "result"],
+                                                        "properties": {"fits": {"type": "boolean"},
+                                                                       "t_step_s": {"type": ["number", "null"]}}}}}},
         "wall_s": _NUM,
     },
 }

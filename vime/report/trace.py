@@ -13,7 +13,7 @@ _US = 1e6  # trace timestamps are microseconds
 GiB = 1024**3
 
 
-def _lanes(spans: list[Span]) -> list[tuple[int, Span]]:
+def lanes(spans: list[Span]) -> list[tuple[int, Span]]:
     """Give overlapping spans of one track separate lanes so that each lane's B/E events nest.
 
     Interval partitioning: a span goes to the first lane whose last span has ended. Spans are
@@ -65,7 +65,7 @@ def trace_events(spans: Iterable[Span], samples: Iterable[MemorySample],
     for track in tracks:
         pid = pid_of[track]
         per_lane: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for lane, s in _lanes(by_track[track]):
+        for lane, s in lanes(by_track[track]):
             args = {k: v for k, v in s.args.items() if isinstance(v, (int, float, str, bool)) or v is None}
             per_lane[lane].append({"ph": "B", "name": s.name, "cat": track, "pid": pid, "tid": lane,
                                    "ts": s.t0 * _US, "args": args})

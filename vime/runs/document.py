@@ -19,7 +19,8 @@ Keys of the top-level object:
   ``host_pinned_peak_gib``.
 - ``verdict``: ``fits`` (bool), ``oom`` (null or {phase, rollout_id, gpu, owner, tag,
   requested_gib, free_gib, short_by_gib, time_s, message}), ``fixes`` ([str]; when an OOM
-  happened, each fix was simulated and says whether it then fits).
+  happened, each fix was simulated and says whether it then fits), ``fix_results`` (the same fixes
+  as data: [{fix, changes, fits, t_step_s, result}]).
 - ``wall_s``: wall-clock seconds the simulation took (the only field that is not deterministic;
   omitted with ``--seed``-stable output requested by tests through ``deterministic=True``).
 """
@@ -101,14 +102,14 @@ def _memory(sim: Simulation) -> dict[str, Any]:
 
 def _verdict(sim: Simulation) -> dict[str, Any]:
     if sim.oom is None:
-        return {"fits": True, "oom": None, "fixes": []}
+        return {"fits": True, "oom": None, "fixes": [], "fix_results": []}
     o = sim.oom
     return {"fits": False,
             "oom": {"phase": o.phase or "startup", "rollout_id": sim.backends.recorder.rollout_id, "gpu": o.gpu, "owner": o.owner,
                     "tag": o.tag, "requested_gib": _r(o.requested / GiB, 3), "free_gib": _r(o.free / GiB, 3),
                     "short_by_gib": _r((o.requested - o.free) / GiB, 3),
                     "time_s": _r(o.time if o.time is not None else 0.0), "message": str(o)},
-            "fixes": list(sim.fixes)}
+            "fixes": list(sim.fixes), "fix_results": [dict(r) for r in sim.fix_results]}
 
 
 def build_document(sim: Simulation, *, deterministic: bool = False) -> dict[str, Any]:
@@ -161,5 +162,5 @@ def run_document(args: Any, report: Any, recorder: Any, capacity: dict[int, int]
         "rollout": {"tokens_generated": int(round(tokens / max(1, len(steps)))),
                     "tokens_per_s": _r(tokens / t_rollout if t_rollout else 0.0, 2)},
         "memory": {"gpus": gpus, "host_pinned_peak_gib": 0.0},
-        "verdict": {"fits": True, "oom": None, "fixes": []},
+        "verdict": {"fits": True, "oom": None, "fixes": [], "fix_results": []},
     }

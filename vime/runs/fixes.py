@@ -16,6 +16,7 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
     tp = int(args.tensor_model_parallel_size)
     gpus = int(args.actor_num_gpus)
     owner, tag = oom.owner, oom.tag
+    trainer = owner.startswith(("trainer", "actor"))  # the simulator's trainer allocates as "actor"
     util = float(args.gpu_memory_utilization)
     if owner.startswith("engine") or tag in ("kv_cache", "weights", "cuda_graph"):
         for u in (round(util - 0.1, 2), round(util - 0.2, 2), round(util - 0.3, 2)):
@@ -24,13 +25,13 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
         if not args.offload_train:
             out.append(("enable --offload-train (the trainer leaves the GPU while engines run)",
                         {"offload_train": True}))
-    if tag == "activations" or owner.startswith("trainer"):
+    if tag == "activations" or trainer:
         mbs = int(args.micro_batch_size)
         m = mbs // 2
         while m >= 1:
             out.append((f"lower --micro-batch-size to {m}", {"micro_batch_size": m}))
             m //= 2
-    if owner.startswith("trainer") or tag in ("params", "grads", "optimizer"):
+    if trainer or tag in ("params", "grads", "optimizer"):
         if not args.use_distributed_optimizer:
             out.append(("enable --use-distributed-optimizer (Adam state sharded over DP)",
                         {"use_distributed_optimizer": True}))
@@ -49,24 +50,36 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
     return [(d, c) for d, c in out if not (d in seen or seen.add(d))]  # type: ignore[func-returns-value]
 
 
-def check_fixes(sim: Simulation, limit: int = 6) -> list[str]:
-    """Simulate each candidate fix for one step; say which ones make the configuration fit."""
+def simulate_fixes(sim: Simulation, limit: int = 6) -> list[dict[str, Any]]:
+    """Simulate each candidate fix for one step. One dict per fix, those that fit first (in the order tried):
+    ``fix`` (what to change, in words), ``changes`` ({option: value}), ``fits``, ``t_step_s`` (when it fits),
+    ``result`` (the outcome in words)."""
     assert sim.oom is not None
-    results = []
+    results: list[dict[str, Any]] = []
     for desc, change in _candidate_fixes(sim.args, sim.oom)[:limit]:
+        row: dict[str, Any] = {"fix": desc, "changes": dict(change), "fits": False, "t_step_s": None}
         try:
             trial_args = sim.args.replace(num_rollout=sim.args.start_rollout_id + 1, **change)
         except ConfigError as exc:
-            results.append(f"{desc}: not a valid configuration ({exc})")
+            results.append({**row, "result": f"not a valid configuration ({exc})"})
             continue
         trial = simulate(trial_args)
         if trial.fits:
             t = trial.steps[0].t_step if trial.steps else 0.0
-            results.append(f"{desc}: fits (simulated T_step {t:.2f} s)")
+            results.append({**row, "fits": True, "t_step_s": round(t, 4), "result": f"fits (simulated T_step {t:.2f} s)"})
         else:
             o = trial.oom
             assert o is not None
-            results.append(f"{desc}: still OOM ({o.owner}/{o.tag} on GPU {o.gpu}, short by "
-                           f"{(o.requested - o.free) / GiB:.2f} GiB)")
-    # Fixes that fit first, in the order tried.
-    return sorted(results, key=lambda r: 0 if ": fits" in r else 1)
+            results.append({**row, "result": f"still OOM ({o.owner}/{o.tag} on GPU {o.gpu}, short by "
+                                             f"{(o.requested - o.free) / GiB:.2f} GiB)"})
+    return sorted(results, key=lambda r: 0 if r["fits"] else 1)
+
+
+def fix_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The verdict's ``fixes`` strings: "what to change: outcome"."""
+    return [f"{r['fix']}: {r['result']}" for r in results]
+
+
+def check_fixes(sim: Simulation, limit: int = 6) -> list[str]:
+    """Simulate each candidate fix for one step; say which ones make the configuration fit (fits first)."""
+    return fix_lines(simulate_fixes(sim, limit))

@@ -32,6 +32,7 @@ class Simulation:
     oom: OutOfMemoryError | None = None
     wall_s: float = 0.0
     fixes: list[str] = field(default_factory=list)
+    fix_results: list[dict[str, Any]] = field(default_factory=list)  # vime.runs.fixes.simulate_fixes
 
     @property
     def fits(self) -> bool:

@@ -1,8 +1,9 @@
 """Sweeps and searches for `vime simulate`: many configurations simulated in parallel, ranked by T_step.
 
-`--sweep FLAG=V1,V2` (repeatable) simulates the cross product; `--search fastest|fewest-gpus`
+`--sweep FLAG=V1,V2` (repeatable) simulates the cross product; `--search fastest|fewest-gpus|cheapest`
 explores GPU count, TP, GPUs per engine, micro-batch size and memory utilisation and prints the
-winning `vime train` command line. Points run in local processes (all cores by default) or as
+winning `vime train` command line (`train_command`: real-run flags only, a named placeholder where a
+path is needed). Every result carries its cost: GPU-seconds per step and per 1000 samples. Points run in local processes (all cores by default) or as
 Ray tasks on a cluster given by `--ray-address`. Results are ordered by a stable key, so the same
 inputs print the same table whatever finished first.
 """
@@ -27,7 +28,12 @@ GiB = 1024**3
 
 #: Options that describe how to report, never what to simulate: not sweepable.
 _NOT_SWEEPABLE = {"json", "dry_run", "trace_out", "report", "sweep", "search", "target_step_time", "max_gpus", "max_points",
-                  "csv", "workers", "ray_address", "backend"}
+                  "csv", "workers", "ray_address", "backend", "compare_sim"}
+#: What only the simulator reads (SimConfig): a real run measures these, so a `vime train` line leaves them out.
+SIMULATOR_ONLY = ("hardware", "model", "response_length", "prompt_length")
+#: Search goals: the winner is the fastest fitting layout, the fewest GPUs meeting --target-step-time, or the
+#: fewest GPU-seconds per sample (optionally meeting --target-step-time).
+GOALS = ("fastest", "fewest-gpus", "cheapest")
 
 
 @dataclass
@@ -44,6 +50,11 @@ class PointResult:
     peak_gib: float = 0.0
     gpus: int = 0
     argv: list[str] = field(default_factory=list)
+    capacity_gib: float = 0.0  # the smallest GPU capacity of the layout
+    short_by_gib: float = 0.0  # with an OOM: what the failed allocation lacked
+    samples: int = 0  # samples trained per step (rollout batch × samples per prompt)
+    gpu_s_per_step: float = 0.0  # GPUs × T_step (fitting points)
+    gpu_s_per_1k_samples: float = 0.0
 
     def rank_key(self) -> tuple[Any, ...]:
         """Fitting points first by T_step, then OOM points, then invalid ones; ties by the changes."""
@@ -73,10 +84,15 @@ def _simulate_actions() -> list[Any]:
 
 
 def argv_for(dest: str, value: Any) -> list[str]:
-    """The command-line words that set option `dest` to `value`."""
+    """The command-line words that set option `dest` to `value` (nothing for an off switch without a --no- form,
+    which is off by default)."""
     flag = "--" + dest.replace("_", "-")
     if isinstance(value, bool):
-        return [flag] if value else ["--no-" + dest.replace("_", "-")]
+        if value:
+            return [flag]
+        negatable = any(a.dest == dest and "--no-" + dest.replace("_", "-") in a.option_strings
+                        for a in _simulate_actions())
+        return ["--no-" + dest.replace("_", "-")] if negatable else []
     return [flag, str(value)]
 
 
@@ -153,6 +169,7 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
         res.valid, res.error = False, str(exc)
         return res
     res.gpus = int(args.actor_num_gpus) if args.colocate else int(args.actor_num_gpus) + int(args.rollout_num_gpus)
+    res.samples = int(args.samples_per_rollout)
     res.argv = command_line(args)
     try:
         sim = simulate(args)
@@ -166,8 +183,13 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
         res.phases = {p: round(sum(s.phases()[p] for s in sim.steps) / n, 6) for p in sim.steps[0].phases()}
     peaks = sim.backends.recorder.gpu_peaks
     res.peak_gib = round(max((p.bytes for g, p in peaks.items() if g >= 0), default=0) / GiB, 3)
+    res.capacity_gib = round(min((int(g.capacity) for g in sim.backends.gpus), default=0) / GiB, 3)
+    if sim.fits and res.t_step:
+        res.gpu_s_per_step = round(res.gpus * res.t_step, 4)
+        res.gpu_s_per_1k_samples = round(res.gpu_s_per_step / res.samples * 1000, 4) if res.samples else 0.0
     if sim.oom is not None:
         o = sim.oom
+        res.short_by_gib = round((o.requested - o.free) / GiB, 3)
         res.oom = (f"OOM during {o.phase or 'startup'} on GPU {o.gpu}: {o.owner}/{o.tag} short by "
                    f"{(o.requested - o.free) / GiB:.2f} GiB")
     return res
@@ -296,21 +318,26 @@ def search_space(base: Args, max_gpus: int) -> list[list[dict[str, Any]]]:
 
 
 def _first_fit(base: Args, group: list[dict[str, Any]], max_tries: int) -> PointResult | None:
+    """The group's first fitting point, else its last point tried (an OOM or invalid row that says why)."""
+    r = None
     for changes in group[:max_tries]:
         r = simulate_point(base, changes)
         if r.valid and r.fits:
             return r
-    return None
+    return r
 
 
 def search(base: Args, *, goal: str = "fastest", max_gpus: int = 64, target_step_time: float | None = None,
            workers: int | None = None, progress: bool = False, max_tries: int = 6) -> tuple[PointResult | None,
                                                                                            list[PointResult]]:
-    """Find the fastest fitting configuration, or the fewest GPUs meeting `target_step_time`.
+    """Find the fastest fitting configuration, the fewest GPUs meeting `target_step_time`, or the cheapest
+    (fewest GPU-seconds per sample; meeting `target_step_time` when given).
 
     Each (GPUs, TP, GPUs-per-engine) group is searched for its first fitting point in parallel;
-    returns (winner or None, every group's best, ranked).
+    returns (winner or None, every group's best — or, where nothing fit, its last try — ranked).
     """
+    if goal not in GOALS:
+        raise ConfigError(f"--search {goal!r}: use one of {', '.join(GOALS)}")
     if goal == "fewest-gpus" and target_step_time is None:
         raise ConfigError("--search fewest-gpus needs --target-step-time SECONDS")
     groups = search_space(base, max_gpus)
@@ -335,22 +362,64 @@ def search(base: Args, *, goal: str = "fastest", max_gpus: int = 64, target_step
     finally:
         bar.close()
     ranked = sorted(found, key=PointResult.rank_key)
+    fitting = [r for r in ranked if r.valid and r.fits]
     if goal == "fastest":
-        return (ranked[0] if ranked else None), ranked
-    meeting = [r for r in ranked if target_step_time is not None and r.t_step <= target_step_time]
-    best = min(meeting, key=lambda r: (r.gpus, r.t_step)) if meeting else None
+        return (fitting[0] if fitting else None), ranked
+    meeting = [r for r in fitting if target_step_time is None or r.t_step <= target_step_time]
+    if goal == "cheapest":
+        best = min(meeting, key=lambda r: (r.gpu_s_per_1k_samples, r.gpus, r.t_step)) if meeting else None
+    else:
+        best = min(meeting, key=lambda r: (r.gpus, r.t_step)) if meeting else None
     return best, ranked
 
 
 def command_line(args: Args) -> list[str]:
-    """`vime train` words that reproduce `args` (options given explicitly, in a stable order)."""
+    """`vime train` words that reproduce `args` on real GPUs: the options given explicitly, in a stable order,
+    without what only the simulator reads (`SIMULATOR_ONLY`) or what only `vime simulate` takes. Without
+    ``--hf-checkpoint`` the words name a placeholder for it (`placeholders` says what it stands for), or
+    the directory of a ``--model .../config.json`` that is one; without ``--prompt-data``, a placeholder for the
+    prompts. Once the placeholders name real files the words run as `vime train` arguments."""
     raw = args._raw_options()
     words = ["vime", "train"]
+    if not raw.get("hf_checkpoint"):
+        words += ["--hf-checkpoint", hf_checkpoint_for(args)]
+    if not raw.get("prompt_data"):  # a real run has no prompts without it; the simulator drew lengths instead
+        words += ["--prompt-data", PROMPTS_PLACEHOLDER]
     for dest in sorted(raw):
-        if dest in _NOT_SWEEPABLE or dest == "num_rollout":
+        if dest in _NOT_SWEEPABLE or dest in SIMULATOR_ONLY or dest == "num_rollout":
             continue
         value = raw[dest]
         if value is None or value == () or value == []:
             continue
+        if isinstance(value, (list, tuple)):
+            words += ["--" + dest.replace("_", "-"), *map(str, value)]
+            continue
         words += argv_for(dest, value)
     return words
+
+
+#: The placeholders' spelling: a path no one has. A run refuses it in one line (``--prompt-data`` when parsed,
+#: ``--hf-checkpoint`` when the run starts), naming the flag to fill in.
+PLACEHOLDER_PREFIX = "/path/to/"
+PROMPTS_PLACEHOLDER = PLACEHOLDER_PREFIX + "prompts.jsonl"
+
+
+def hf_checkpoint_for(args: Args) -> str:
+    """The ``--hf-checkpoint`` of a printed `vime train` line: the directory of a ``--model`` config.json
+    that lies in a checkpoint directory, else a placeholder named after the model."""
+    import os
+
+    model = str(args.model)
+    if model.endswith("config.json") and os.path.isfile(model):
+        return os.path.dirname(os.path.abspath(model))
+    name = os.path.basename(model[:-len(".json")] if model.endswith(".json") else model) or "model"
+    return f"{PLACEHOLDER_PREFIX}{name}-hf-checkpoint"
+
+
+def placeholders(argv: Sequence[str]) -> dict[str, str]:
+    """The placeholder words of a printed command and what the user puts there."""
+    what = {"--hf-checkpoint": "the Hugging Face checkpoint directory of the model (config.json, tokenizer, weights)",
+            "--prompt-data": "your prompts, one JSON object per line with the prompt under --input-key (default "
+                             "'prompt'); the simulation drew prompt lengths from --prompt-length instead"}
+    return {word: what[argv[i - 1]] for i, word in enumerate(argv)
+            if i and word.startswith(PLACEHOLDER_PREFIX) and argv[i - 1] in what}
