@@ -1,4 +1,5 @@
-"""The `vime` command: `vime train` and `vime simulate`, one parser, lazy dispatch to the commands (which only parse and print)."""
+"""The `vime` command: `vime train` and `vime simulate` (one parser, lazy dispatch to the commands, which only parse and
+print), and `vime compare` (measured runs against their simulation; its own small parser, `vime.cli.compare`)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         build_parser().print_help()
+        print("\n  vime compare --train RUN.jsonl --sim SIM.json   measured runs next to their simulation "
+              "(vime compare --help)")
         return 0 if argv else EXIT_USAGE
+    if argv[0] == "compare":  # reads documents, not the training configuration: its own parser
+        from vime.cli.compare import run_compare
+
+        return run_compare(argv[1:])
     try:
         args = parse_args(argv)
     except ConfigError as exc:

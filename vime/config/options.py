@@ -259,6 +259,9 @@ class OutputConfig:
     trace_out: str | None = opt(None, "write a Chrome/Perfetto trace of the run: phases, calls, memory (JSON)",
                                 metavar="FILE")
     report: str | None = opt(None, "write a self-contained HTML report of the run", metavar="FILE")
+    record_calls: bool = opt(False, "record every protocol call the orchestrator makes (engines, router, trainer) "
+                                    "and report them with start-up and each step (--json: a \"calls\" list; "
+                                    "what `vime compare` reads)")
     sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
                                      "(repeatable: the cross product is simulated)",
                                  metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")

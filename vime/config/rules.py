@@ -337,6 +337,8 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
     if command == "simulate":
         _need(not (v["search"] and v["sweep"]),
               "--search and --sweep cannot be combined: --search chooses the layout itself; use one of them")
+        _need(not (v["record_calls"] and (v["search"] or v["sweep"])),
+              "--record-calls records the calls of one run; leave it out of --sweep and --search")
         if v["target_step_time"] is not None:
             _need(v["search"] == "fewest-gpus", "--target-step-time is the goal of --search fewest-gpus; pass "
                                                 "--search fewest-gpus or leave it out")
