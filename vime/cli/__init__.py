@@ -1,5 +1,5 @@
-"""The `vime` command: `vime train` and `vime simulate` (one parser, lazy dispatch to the commands, which only parse
-and print), and `vime compare` (a run's JSON lines beside a simulation's document; its own small parser)."""
+"""The `vime` command: `vime train` and `vime simulate` (one parser, lazy dispatch to the commands, which only parse and
+print), and `vime compare` (measured runs against their simulation; its own small parser, `vime.cli.compare`)."""
 
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         from vime.cli.compare import USAGE
 
-        print(f"\nand: {USAGE}\n  a measured run beside its simulation, per phase (see `vime compare --help`)")
+        print(f"\nand: {USAGE}\n  measured runs beside their simulation, per phase (see `vime compare --help`)")
         return 0 if argv else EXIT_USAGE
-    if argv[0] == "compare":
+    if argv[0] == "compare":  # reads documents, not the training configuration: its own parser
         return _compare(argv[1:])
     try:
         args = parse_args(argv)

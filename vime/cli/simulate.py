@@ -76,14 +76,22 @@ def run_simulate(args: Any) -> int:
     from vime.trackers import Trackers
 
     trackers = Trackers.from_config(args.logging, args.to_dict())  # simulated steps logged like real ones, to compare the curves
+    calls: Any = None
+    recording: dict[str, Any] = {}
+    if args.record_calls:
+        from vime.report.calls import CallLog
+
+        calls = CallLog()
+        log = calls
+        recording = {"observers": [log], "wrap": lambda b: log.wrap(b.engines, b.router, b.trainer)}
     try:
-        sim = simulate(args, progress=False, on_step=trackers.step)
+        sim = simulate(args, progress=False, on_step=trackers.step, **recording)
     finally:
         trackers.close()
     if sim.oom is not None:
         sim.fix_results = simulate_fixes(sim)
         sim.fixes = fix_lines(sim.fix_results)
-    doc = build_document(sim)
+    doc = build_document(sim, calls=calls)
     text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
     if args.trace_out:
         from vime.report.trace import recorder_trace

@@ -42,11 +42,16 @@ def format_startup(report: StartupReport) -> str:
 
 
 class _Printer:
-    """Prints start-up and each step as it finishes: a table line, or one JSON object per line with --json."""
+    """Prints start-up and each step as it finishes: a table line, or one JSON object per line with --json.
 
-    def __init__(self, as_json: bool, out: Any = None) -> None:
+    With a `calls` log (``--record-calls``) each report carries the protocol calls of its segment
+    (``"calls"`` in JSON, one indented line per call in the table).
+    """
+
+    def __init__(self, as_json: bool, out: Any = None, calls: Any = None) -> None:
         self.as_json = as_json
         self.out = out or sys.stdout
+        self.calls = calls
 
     def header(self, backend: str, extra: dict[str, Any]) -> None:
         if self.as_json:
@@ -67,17 +72,31 @@ class _Printer:
             print(f"placement: trainer rank {r['rank']} on node {r['node_ip']}", file=self.out, flush=True)
 
     def startup(self, report: StartupReport) -> None:
+        calls = self._calls("startup")
         if self.as_json:
-            self._emit({"event": "startup", **report.to_dict()})
+            self._emit({"event": "startup", **report.to_dict(), **calls})
         else:
             print(format_startup(report), file=self.out, flush=True)
+            self._print_calls(calls)
 
     def step(self, report: StepReport) -> None:
+        calls = self._calls(report.rollout_id)
         if self.as_json:
             self._emit({"event": "step", "rollout_id": report.rollout_id, "phases": report.phases(),
-                        "t_gap": report.t_gap, "t_step": report.t_step, "metrics": report.metrics()})
+                        "t_gap": report.t_gap, "t_step": report.t_step, "metrics": report.metrics(), **calls})
         else:
             print(format_step(report), file=self.out, flush=True)
+            self._print_calls(calls)
+
+    def _calls(self, segment: str | int) -> dict[str, Any]:
+        return {} if self.calls is None else {"calls": self.calls.pop(segment)}
+
+    def _print_calls(self, calls: dict[str, Any]) -> None:
+        from vime.report.calls import CallEntry
+
+        for c in calls.get("calls", []):
+            e = CallEntry.from_dict(c)
+            print(f"    {e.describe():<70} {e.t1 - e.t0:9.4f}s", file=self.out, flush=True)
 
     def compare(self, doc: dict[str, Any]) -> None:
         """The run beside its simulation (--compare-sim): a table, or one ``compare`` event with --json."""
@@ -100,10 +119,18 @@ def run_train(args: Any) -> int:
     (and log them to the trackers the flags turn on)."""
     from vime.trackers import Trackers
 
-    printer = _Printer(args.json)
     backend = args.backend
     if backend not in ("sim", "real"):
         raise ConfigError(f"--backend {backend!r} is unknown; use sim or real")
+    calls: Any = None
+    recording: dict[str, Any] = {}
+    if args.record_calls:
+        from vime.report.calls import CallLog
+
+        calls = CallLog()
+        log = calls
+        recording = {"observers": [log], "wrap": lambda b: log.wrap(b.engines, b.router, b.trainer)}
+    printer = _Printer(args.json, calls=calls)
     trackers = Trackers.from_config(args.logging, args.to_dict())  # a missing tracker package fails here, before any backend starts
 
     def on_step(report: StepReport) -> None:
@@ -117,7 +144,7 @@ def run_train(args: Any) -> int:
             printer.header("sim", {"hardware": args.hardware, "model": args.model,
                                    "engines": args.rollout_num_engines, "samples_per_rollout": args.samples_per_rollout,
                                    "seed": args.seed})
-            sim = simulate(args, progress=None, on_startup=printer.startup, on_step=on_step)
+            sim = simulate(args, progress=None, on_startup=printer.startup, on_step=on_step, **recording)
             if sim.oom is not None:
                 raise sim.oom
             if args.trace_out or args.report:
@@ -129,7 +156,7 @@ def run_train(args: Any) -> int:
 
         printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
         if not (args.trace_out or args.report):
-            run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement)
+            run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement, **recording)
             return 0
         from vime.real.telemetry import MemorySampler, MonotonicClock
         from vime.report.recorder import Recorder
@@ -137,8 +164,8 @@ def run_train(args: Any) -> int:
 
         recorder = Recorder(MonotonicClock())
         with MemorySampler(recorder) as sampler:
-            report = run_real(args, on_startup=printer.startup, on_step=on_step, observers=[recorder],
-                              on_placement=printer.placement)
+            report = run_real(args, on_startup=printer.startup, on_step=on_step, wrap=recording.get("wrap"),
+                              observers=[recorder, *recording.get("observers", [])], on_placement=printer.placement)
         _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder, printer,
                        device_names=sampler.names)
         return 0

@@ -262,6 +262,10 @@ class OutputConfig:
                                    "memory per GPU; with --sweep/--search the ranked configurations", metavar="FILE")
     compare_sim: bool = opt(False, "after the run, simulate the same arguments and draw the run beside its simulation in "
                                    "the --report page, with each phase's error (also printed)", commands=("train",))
+    report: str | None = opt(None, "write a self-contained HTML report of the run", metavar="FILE")
+    record_calls: bool = opt(False, "record every protocol call the orchestrator makes (engines, router, trainer) "
+                                    "and report them with start-up and each step (--json: a \"calls\" list; "
+                                    "what `vime compare` reads)")
     sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
                                      "(repeatable: the cross product is simulated)",
                                  metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")

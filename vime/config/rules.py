@@ -367,6 +367,8 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
               f"--trace-out traces one run, and --{'search' if v['search'] else 'sweep'} simulates many; drop "
               f"--trace-out (--report FILE.html draws the whole {'search' if v['search'] else 'sweep'}), or trace "
               f"the configuration you chose by simulating it alone")
+        _need(not (v["record_calls"] and (v["search"] or v["sweep"])),
+              "--record-calls records the calls of one run; leave it out of --sweep and --search")
         if v["target_step_time"] is not None:
             _need(v["search"] in ("fewest-gpus", "cheapest"),
                   "--target-step-time is the goal of --search fewest-gpus (or a limit for --search cheapest); "

@@ -8,7 +8,8 @@ Keys of the top-level object:
 - ``startup``: start-up phases (seed steps 1–13) in seconds.
 - ``steps``: per simulated step: ``rollout_id``, ``phases`` {rollout, offload, train,
   onload_weights, weight_sync, onload_kv} in seconds, ``t_gap``, ``t_step``, ``metrics``
-  (perf/…, rollout/…, train/… as `vime train` logs them).
+  (perf/…, rollout/…, train/… as `vime train` logs them), and with ``--record-calls`` the step's
+  ``calls`` (`vime.report.calls`; start-up gets its own).
 - ``summary``: ``t_step`` (mean over the steps) and ``phases`` {name: {seconds, percent}}
   (percent of T_step; a ``gap`` entry when the steps had time outside the six phases).
 - ``rollout``: ``tokens_generated`` (per step), ``tokens_per_s_per_gpu``, ``longest_sample_tokens``,
@@ -112,9 +113,10 @@ def _verdict(sim: Simulation) -> dict[str, Any]:
             "fixes": list(sim.fixes), "fix_results": [dict(r) for r in sim.fix_results]}
 
 
-def build_document(sim: Simulation, *, deterministic: bool = False) -> dict[str, Any]:
+def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any = None) -> dict[str, Any]:
     """The ``vime.simulate/1`` document (module docstring); identical for identical inputs and seed,
-    apart from ``wall_s`` (left out with `deterministic`)."""
+    apart from ``wall_s`` (left out with `deterministic`). With `calls` (a `vime.report.calls.CallLog`
+    that watched the run, ``--record-calls``) start-up and every step carry their ``calls``."""
     hw, model = sim.backends.hardware, sim.backends.model
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -133,6 +135,11 @@ def build_document(sim: Simulation, *, deterministic: bool = False) -> dict[str,
         "memory": _memory(sim),
         "verdict": _verdict(sim),
     }
+    if calls is not None:
+        if doc["startup"] is not None:
+            doc["startup"]["calls"] = [e.to_dict() for e in calls.sequence("startup")]
+        for step in doc["steps"]:
+            step["calls"] = [e.to_dict() for e in calls.sequence(step["rollout_id"])]
     if not deterministic:
         doc["wall_s"] = _r(sim.wall_s, 3)
     return doc

@@ -13,10 +13,16 @@ from vime.runs.loop import build_orchestrator, build_rollout
 
 def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = None,
              on_step: Callable[[StepReport], None] | None = None, observers: Sequence[Any] = (),
-             on_placement: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
+             on_placement: Callable[[dict[str, Any]], None] | None = None,
+             wrap: Callable[[Any], dict[str, Any]] | None = None) -> RunReport:
     """Launch the real backends (`vime.real.session`), run start-up and every step on a real event loop.
 
-    `on_placement` gets, once the backends are up, where they run (`vime.real.session.placement_report`)."""
+    `on_placement` gets, once the backends are up, where they run (`vime.real.session.placement_report`).
+    `wrap(session)` may return replacements ``{"engines": ..., "router": ..., "trainer": ...}`` for
+    what the orchestrator drives (recording wrappers: `vime.report.calls.CallLog.wrap`), as
+    `vime.runs.sim.simulate`'s `wrap` does for simulated backends; the session still owns and
+    tears down the real ones.
+    """
     try:
         from vime.real.session import real_session
     except ImportError as exc:
@@ -29,9 +35,12 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
         async with real_session(args) as session:
             if on_placement is not None:
                 on_placement(session.placement)
-            rollout = build_rollout(args, session.router, num_engines=len(session.engines),
-                                    tokenizer=session.tokenizer)
-            orch = build_orchestrator(args, engines=session.engines, router=session.router, trainer=session.trainer,
+            replaced = wrap(session) if wrap is not None else {}
+            engines = replaced.get("engines", session.engines)
+            router = replaced.get("router", session.router)
+            trainer = replaced.get("trainer", session.trainer)
+            rollout = build_rollout(args, router, num_engines=len(engines), tokenizer=session.tokenizer)
+            orch = build_orchestrator(args, engines=engines, router=router, trainer=trainer,
                                       data_source=session.data_source, rollout=rollout,
                                       eval_sources=session.eval_sources, observers=[*session.observers, *observers])
             return await orch.run(on_startup=on_startup, on_step=on_step)

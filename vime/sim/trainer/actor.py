@@ -93,9 +93,11 @@ class SimTrainer(ActorCostModel):
         self.last_timings: dict[str, float] = {}
 
     # --- lifecycle --------------------------------------------------------------------------------
-    async def init(self) -> None:
+    async def init(self, *, sleep: bool | None = None) -> None:
         """Seed step 3: build the model and optimizer on the GPUs, back the weights up on the host,
-        and go to sleep when ``offload_train`` (the engines wake next, seed steps 4–7)."""
+        and go to sleep when `sleep` (None: ``offload_train``; the engines wake next, seed steps 4–7).
+        `SimBackends.start` passes False: like the real actors, the trainer comes up awake and the
+        orchestrator's start-up puts it to sleep."""
         if self.initialized:
             raise TrainerError(f"{self.name}: init() called twice")
         env = self.cluster.env
@@ -108,7 +110,7 @@ class SimTrainer(ActorCostModel):
         await elapse(env, self._backup_seconds())
         self.initialized = True
         self.cluster.recorder.span(self.name, "init", t0, float(env.now))
-        if self.offload_train:
+        if self.offload_train if sleep is None else sleep:
             await self.sleep()
 
     async def sleep(self) -> None:
@@ -117,6 +119,7 @@ class SimTrainer(ActorCostModel):
         self._require_init("sleep")
         self.lifecycle.check("sleep")
         t0 = float(self.cluster.env.now)
+        await self._call()
         if self.whole_region:
             await self.allocator.sleep(["params", "optimizer", "grads", "activations"], [])
         else:
@@ -129,9 +132,14 @@ class SimTrainer(ActorCostModel):
         self._require_init("wake_up")
         self.lifecycle.check("wake_up")
         t0 = float(self.cluster.env.now)
+        await self._call()
         await self.allocator.wake_up(None)
         self.lifecycle.apply("wake_up")
         self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
+
+    async def _call(self) -> None:
+        """The fixed cost of one protocol call reaching the ranks (`Efficiency.trainer_call_s`)."""
+        await elapse(self.cluster.env, self.hw.efficiency.trainer_call_s)
 
     def _require_init(self, call: str) -> None:
         if not self.initialized:
@@ -220,6 +228,7 @@ class SimTrainer(ActorCostModel):
             raise TrainerError(f"{self.name}: the batch is scheduled for DP={batch.dp_size} but the trainer "
                                f"has DP={self.layout.dp}")
         t_start = float(env.now)
+        await self._call()
         timings: dict[str, float] = {}
         recompute = self.needs_log_prob_recompute(batch)
         if recompute:
@@ -284,6 +293,7 @@ class SimTrainer(ActorCostModel):
         if bucket_bytes <= 0:
             raise ConfigError(f"--update-weight-buffer-size must be > 0, got {bucket_bytes}")
         env = self.cluster.env
+        await self._call()
         index = 0
         for names, shapes, nbytes in self._buckets(bucket_bytes):
             t0 = float(env.now)
@@ -307,6 +317,7 @@ class SimTrainer(ActorCostModel):
         self._require_init("save_checkpoint")
         self.lifecycle.check("save_checkpoint")
         t0 = float(self.cluster.env.now)
+        await self._call()
         await elapse(self.cluster.env, self._checkpoint_seconds())
         self._checkpoints[path] = rollout_id
         self.cluster.recorder.span(self.name, "save_checkpoint", t0, float(self.cluster.env.now),
@@ -316,6 +327,7 @@ class SimTrainer(ActorCostModel):
         """Costs the read of a checkpoint; returns the rollout id to resume from: one after the one
         this trainer saved at `path`, else ``start_rollout_id`` (a checkpoint made outside the simulation)."""
         t0 = float(self.cluster.env.now)
+        await self._call()
         await elapse(self.cluster.env, self._checkpoint_seconds())
         self.cluster.recorder.span(self.name, "load_checkpoint", t0, float(self.cluster.env.now))
         if path in self._checkpoints:

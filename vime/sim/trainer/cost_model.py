@@ -170,6 +170,8 @@ class ActorCostModel:
         else:
             reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets), 0.0
         step = math.ceil(params / shard) * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
+        host = self.hw.efficiency.train_host_step_s
+        step = max(step, host) if self.hw.host_overlaps_compute else step + host
         return reduce + step + gather
 
     def _backup_seconds(self) -> float:

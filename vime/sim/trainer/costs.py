@@ -98,7 +98,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     UNFUSED_SCORE_FWD/BWD_BYTES of memory traffic at the streaming rate; the matmuls' backward
     is 2 × their forward (fitted on the H200: bench/data/h200_megatron_1.7b_accounting.json).
     Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
-    and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`).
+    and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`); on a CPU
+    device (`HardwareSpec.host_overlaps_compute` false) that CPU work adds to the kernels' instead.
     """
     flops = sum(model.sequence_flops(n) for n in lengths)
     rate = ranks * hw.train_flops
@@ -118,5 +119,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
     eff = hw.efficiency
-    return (max(fwd, eff.train_host_fwd_s_per_layer * model.num_layers),
-            max(bwd, eff.train_host_bwd_s_per_layer * model.num_layers))
+    host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers
+    host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers
+    if not hw.host_overlaps_compute:  # a CPU: the Python and the kernels it launches share the cores
+        return fwd + host_fwd, bwd + host_bwd
+    return max(fwd, host_fwd), max(bwd, host_bwd)
