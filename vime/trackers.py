@@ -40,7 +40,12 @@ class WandbTracker:
         self.run.log(metrics, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() can return before wandb's service has written the last records of an offline run
+        # (its history came back empty 1 time in 6 here); teardown waits for the service to exit.
+        wandb.teardown()
 
 
 class TensorBoardTracker:
