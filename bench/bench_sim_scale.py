@@ -99,6 +99,7 @@ def _rollout(samples: int, max_len: int, keep: bool) -> dict[str, Any]:
 def _step(samples: int, max_len: int) -> dict[str, Any]:
     """The whole orchestrated step, as `vime simulate --num-rollout 1` runs it."""
     from vime.cli_simulate import simulate
+
     from vime.config import parse_args
 
     sim = simulate(parse_args(_flags(samples, max_len), command="simulate"))

@@ -11,6 +11,7 @@ from rollout_fakes import FakeRouter
 
 from vime.config import defaults
 from vime.errors import ConfigError
+from vime.rollout.plugins import load_plugins
 from vime.rollout.rm_hub import (
     RewardError,
     RewardHub,
@@ -19,7 +20,6 @@ from vime.rollout.rm_hub import (
     sim_reward,
     token_reward,
 )
-from vime.rollout.plugins import load_plugins
 from vime.runs.loop import build_rollout
 from vime.types import Sample
 

@@ -58,7 +58,7 @@ def run_compare(argv: Sequence[str], *, prog: str = "vime compare") -> int:
     for flag, paths in (("--train", a.train), ("--mem", [a.mem] if a.mem else [])):
         for path in paths:
             if not Path(path).is_file():
-                raise ConfigError(f"{flag} {path}: no such file")
+                raise ConfigError(f"vime compare: cannot read the inputs: {flag} {path}: no such file")
     try:
         runs = [read_train(Path(p)) for p in a.train]
         mem = read_mem(Path(a.mem)) if a.mem else None
