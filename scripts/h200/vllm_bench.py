@@ -569,7 +569,7 @@ async def run(args) -> dict:
             gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
             weight_transfer_backend="ipc", max_num_seqs=256, enforce_eager=args.eager,
             tensor_parallel_size=args.tp,
-            extra_args=("--skip-tokenizer-init", "--served-model-name", "m"),
+            served_model_name="m", extra_args=("--skip-tokenizer-init",),
             extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
                        "VLLM_FLASH_ATTN_VERSION": "3"},
         )
@@ -577,7 +577,7 @@ async def run(args) -> dict:
         spec = ServerSpec(
             model=str(model_dir), port=args.port, device="cpu", max_model_len=args.max_model_len,
             weight_transfer_backend="ipc", max_num_seqs=32, enforce_eager=True, dtype="float32",
-            cpu_kvcache_space_gib=1, extra_args=("--skip-tokenizer-init", "--served-model-name", "m"),
+            cpu_kvcache_space_gib=1, served_model_name="m", extra_args=("--skip-tokenizer-init",),
         )
     res["server_argv"] = server_command(spec)
     launcher = Launcher(args.log_dir)
