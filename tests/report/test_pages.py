@@ -372,7 +372,7 @@ def test_train_compare_sim_page_draws_both_runs_with_the_error_of_each_phase(bro
 def test_a_cpu_run_beside_its_simulation_draws_its_host_memory_apart(browser: Browser, tmp_path: Path) -> None:
     """A run without GPUs measured the host's memory in use: the compare page draws it in its own chart, and
     each simulated GPU says it has no measured line."""
-    from vime.report.compare import view_from_recorder
+    from vime.report.compare_views import view_from_recorder
     from vime.report.html import render_compare_html
     from vime.runs.twin import Twin, compare_with_twin
 

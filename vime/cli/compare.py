@@ -46,7 +46,8 @@ def run_compare(argv: Sequence[str], *, prog: str = "vime compare") -> int:
     """``vime compare stamp`` or ``vime compare [compare] --train RUN.jsonl ... --sim SIM.json ...``."""
     from vime.inputs import read_json
     from vime.outputs import write_atomic
-    from vime.report.compare import compare_runs, format_table, read_mem, read_train, stamp, views_from_files
+    from vime.report.compare import compare_runs, format_table, read_mem, read_train, stamp
+    from vime.report.compare_views import views_from_files
 
     args = list(argv)
     if args[:1] == ["stamp"]:

@@ -522,7 +522,7 @@ def _minor(r: dict[str, Any], t_step: dict[str, Any]) -> bool:
 def render_compare_html(cmp: dict[str, Any], *, measured_view: dict[str, Any] | None, simulated_view: dict[str, Any] | None,
                         title: str, sub: str = "", trace_href: str | None = None) -> str:
     """The page of a measured run beside its simulation: `cmp` is `vime.report.compare.compare`'s document;
-    the views (`run_view` shape, or `compare.timeline_from_steps`) give each side's timeline and memory."""
+    the views (`run_view` shape, or `compare_views.timeline_from_steps`) give each side's timeline and memory."""
     mean = cmp.get("mean_steady_steps") or {}
     if not any(r.get("measured_s") for r in mean.values()):
         mean = cmp.get("mean_all_steps") or {}
