@@ -43,6 +43,7 @@ CASES: dict[str, tuple[int, int]] = {
     "8k-8k": (8_192, 8192),
     "16k-8k": (16_384, 8192),
     "32k-8k": (32_768, 8192),
+    "1k-256": (1_024, 256),  # a smoke case: tests/bench runs it so the script cannot rot
 }
 DEFAULT = ["65k-8k"]
 
@@ -82,6 +83,7 @@ def _rollout(samples: int, max_len: int, keep: bool) -> dict[str, Any]:
             kept.append(res)
 
     async def main() -> float:
+        await b.trainer.sleep()  # the trainer comes up awake; start-up hands the GPUs to the engines (seed step 3)
         await asyncio.gather(*(e.wake_up(None) for e in b.engines))
         start = clock.now()
         await asyncio.gather(*(one(r) for r in reqs))
@@ -98,9 +100,8 @@ def _rollout(samples: int, max_len: int, keep: bool) -> dict[str, Any]:
 
 def _step(samples: int, max_len: int) -> dict[str, Any]:
     """The whole orchestrated step, as `vime simulate --num-rollout 1` runs it."""
-    from vime.cli_simulate import simulate
-
     from vime.config import parse_args
+    from vime.runs.sim import simulate
 
     sim = simulate(parse_args(_flags(samples, max_len), command="simulate"))
     _memory_top("the end")
