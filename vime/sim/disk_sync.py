@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from vime.engine_delegate import DelegatingEngine
 from vime.errors import ConfigError
-from vime.protocols import GenerateRequest, GenerateResult, PauseMode, WeightBucket
+from vime.protocols import WeightBucket
 from vime.sim.memory import elapse
 
 _DTYPE_NAMES = {4: "float32", 2: "bfloat16", 1: "float8_e4m3fn"}
@@ -79,7 +80,7 @@ class SimDiskSyncTrainer:
                            shapes=[list(s) for _, s in shapes], nbytes=nbytes, index=0)
 
 
-class SimDiskSyncEngine:
+class SimDiskSyncEngine(DelegatingEngine):
     """A simulated `vime.protocols.RolloutEngine` that loads published weights "from disk" (wraps a `SimEngine`).
 
     It shares the wrapped engine's `lifecycle`; generation, sleep, wake, pause and flush are the engine's.
@@ -91,45 +92,6 @@ class SimDiskSyncEngine:
         self.lifecycle = engine.lifecycle
         self._pending: WeightBucket | None = None
         self.loaded: list[int] = []
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    # --- the RolloutEngine surface, delegated ----------------------------------------------------
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.inner.generate(request)  # type: ignore[no-any-return]
-
-    async def sleep(self, level: int, mode: PauseMode = "keep") -> None:
-        await self.inner.sleep(level, mode)
-
-    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        await self.inner.wake_up(tags)
-
-    async def is_sleeping(self) -> bool:
-        return bool(await self.inner.is_sleeping())
-
-    async def pause(self, mode: PauseMode = "abort") -> None:
-        await self.inner.pause(mode)
-
-    async def resume(self) -> None:
-        await self.inner.resume()
-
-    async def is_paused(self) -> bool:
-        return bool(await self.inner.is_paused())
-
-    async def flush_cache(self) -> None:
-        await self.inner.flush_cache()
-
-    async def weight_version(self) -> str | None:
-        return await self.inner.weight_version()  # type: ignore[no-any-return]
-
-    async def health(self) -> bool:
-        return bool(await self.inner.health())
-
-    async def restart(self) -> None:
-        await self.inner.restart()
 
     # --- weights: the disk path ------------------------------------------------------------------
     async def start_weight_update(self) -> None:

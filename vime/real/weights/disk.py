@@ -30,13 +30,14 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vime.engine_delegate import DelegatingEngine
 from vime.errors import ConfigError, EngineError
-from vime.protocols import GenerateRequest, GenerateResult, PauseMode, WeightBucket
+from vime.protocols import WeightBucket
 
 INDEX_FILE = "model.safetensors.index.json"
 #: Files copied from the HF checkpoint into every version (small; they make the directory loadable alone).
@@ -240,7 +241,7 @@ async def _tensor_buckets(trainer: Any, bucket_bytes: int) -> AsyncIterator[Weig
 # --------------------------------------------------------------------------------------------
 
 
-class DiskSyncEngine:
+class DiskSyncEngine(DelegatingEngine):
     """A `vime.protocols.RolloutEngine` that loads published weights from disk (wraps a `VLLMEngine`).
 
     It shares the wrapped engine's `lifecycle`, so routers and the orchestrator see one state.
@@ -257,42 +258,6 @@ class DiskSyncEngine:
         self.on_loaded = on_loaded
         self._pending: DiskWeightBucket | None = None
         self.loaded: list[tuple[int, str]] = []  # (version, directory), in order
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    # --- the RolloutEngine surface, delegated ----------------------------------------------------
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.inner.generate(request)
-
-    async def sleep(self, level: int, mode: PauseMode = "keep") -> None:
-        await self.inner.sleep(level, mode)
-
-    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        await self.inner.wake_up(tags)
-
-    async def is_sleeping(self) -> bool:
-        return bool(await self.inner.is_sleeping())
-
-    async def pause(self, mode: PauseMode = "abort") -> None:
-        await self.inner.pause(mode)
-
-    async def resume(self) -> None:
-        await self.inner.resume()
-
-    async def is_paused(self) -> bool:
-        return bool(await self.inner.is_paused())
-
-    async def flush_cache(self) -> None:
-        await self.inner.flush_cache()
-
-    async def weight_version(self) -> str | None:
-        return await self.inner.weight_version()  # type: ignore[no-any-return]
-
-    async def health(self) -> bool:
-        return bool(await self.inner.health())
 
     # --- weights: the disk path ------------------------------------------------------------------
     async def start_weight_update(self) -> None:
