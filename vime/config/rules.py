@@ -8,6 +8,7 @@ import os
 from dataclasses import fields
 from typing import Any
 
+from vime.config.backend_rules import check_backend, resolve_num_epoch
 from vime.config.lengths import default_prompt_spec, default_response_spec, parse_length_spec
 from vime.config.options import GROUPS, ClusterConfig, DerivedConfig, _flags_of
 from vime.errors import ConfigError
@@ -50,6 +51,13 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
         if "num_rollout" not in raw:
             v["num_rollout"] = SIMULATE_DEFAULT_NUM_ROLLOUT
     _check_ranges(v)
+    if v["prompt_data"] is not None and "num_epoch" in raw:
+        _need(os.path.isfile(v["prompt_data"]), f"--prompt-data {v['prompt_data']}: file not found; give an "
+                                                f"existing JSONL dataset")
+    resolve_num_epoch(v, set(raw))
+    _need(0 <= v["start_rollout_id"] <= v["num_rollout"],
+          f"--start-rollout-id {v['start_rollout_id']} must lie in [0, --num-rollout {v['num_rollout']}]")
+    check_backend(v, set(raw))
     actor_gpus, engines = _placement(v)
     _real_placement(v, set(raw))
     dp = _parallelism(v)
@@ -97,8 +105,6 @@ def _check_ranges(v: dict[str, Any]) -> None:
         if v[name] is not None:
             _need(v[name] >= 1, f"{_flags_of(name)} must be ≥ 1, got {v[name]}; leave it out for the default")
     _need(v["num_rollout"] >= 0, f"--num-rollout must be ≥ 0, got {v['num_rollout']}")
-    _need(0 <= v["start_rollout_id"] <= v["num_rollout"],
-          f"--start-rollout-id {v['start_rollout_id']} must lie in [0, --num-rollout {v['num_rollout']}]")
     _need(v["lr"] >= 0, f"--lr must be ≥ 0, got {v['lr']}")
     _need(v["save_interval"] is None or v["save"] is not None,
           f"--save-interval {v['save_interval']} needs --save PATH to know where to write checkpoints")
