@@ -30,8 +30,8 @@ class _StoreTrueBoth(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
-        setattr(namespace, "offload_train", True)
-        setattr(namespace, "offload_rollout", True)
+        namespace.offload_train = True
+        namespace.offload_rollout = True
 
 
 @dataclass(frozen=True)
