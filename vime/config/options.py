@@ -124,7 +124,8 @@ class TrainConfig:
     eval_top_p: float | None = opt(None, "evaluation top-p (default: --rollout-top-p)", type=float)
     eval_top_k: int | None = opt(None, "evaluation top-k (default: --rollout-top-k)", type=int)
     save_interval: int | None = opt(None, "checkpoint every N rollouts (needs --save)", type=int)
-    save: str | None = opt(None, "checkpoint directory to write", metavar="PATH")
+    save: str | None = opt(None, "checkpoint directory to write (every --save-interval rollouts; without it once, "
+                                 "after the last rollout)", metavar="PATH")
     load: str | None = opt(None, "checkpoint directory to resume from", metavar="PATH")
     hf_checkpoint: str | None = opt(None, "Hugging Face checkpoint (architecture + tokenizer)",
                                     metavar="PATH")
