@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{train,simulate}", required=True)
     for command, help_ in (("train", "run RL training (real GPUs, or --backend sim)"),
                            ("simulate", "simulate the RL step: time per phase, memory per GPU, OOM")):
-        p = sub.add_parser(command, help=help_, description=help_, allow_abbrev=False)
+        epilog = ("vLLM server flags: --vllm-<flag> [VALUE ...] is passed to every `vllm serve` as --<flag> [VALUE ...] "
+                  "(--backend real; the flags vime sets itself are refused)") if command == "train" else None
+        p = sub.add_parser(command, help=help_, description=help_, allow_abbrev=False, epilog=epilog)
         _add_options(p, command)
     return parser
 
