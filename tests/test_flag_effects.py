@@ -255,7 +255,11 @@ def test_every_train_flag_has_an_entry() -> None:
 
 @pytest.mark.parametrize("dest", sorted(FLAGS))
 def test_flag_acts_on_the_real_backend_or_is_refused(dest: str, paths: dict[str, str]) -> None:
-    entry = FLAGS[dest]
+    check(dest, FLAGS[dest], paths)
+
+
+def check(dest: str, entry: Effect | Refused | Output, paths: dict[str, str]) -> None:
+    """`entry` holds for option `dest` (AssertionError otherwise)."""
     flags = train_options()[dest]
     if isinstance(entry, Output):
         assert entry.why
@@ -274,13 +278,21 @@ def test_flag_acts_on_the_real_backend_or_is_refused(dest: str, paths: dict[str,
     assert after != before, f"{' '.join(entry.argv)} changes nothing {getattr(entry.probe, '__name__', '')} sees"
 
 
-def test_an_unlisted_flag_fails_the_enumeration(monkeypatch: Any) -> None:
-    """The table test can fail: a flag added to the parser without an entry is reported."""
-    real = train_options()
+def test_the_table_test_fails_for_a_missing_entry_a_no_op_and_a_silent_refusal(monkeypatch: Any,
+                                                                              paths: dict[str, str]) -> None:
     monkeypatch.setitem(FLAGS, "invented", Output("x"))
-    assert sorted(set(FLAGS) - set(real)) == ["invented"]
+    with pytest.raises(AssertionError, match="invented"):
+        test_every_train_flag_has_an_entry()
+    monkeypatch.delitem(FLAGS, "invented")
     monkeypatch.delitem(FLAGS, "lr")
-    assert "lr" in set(real) - set(FLAGS)
+    with pytest.raises(AssertionError, match="'lr'"):
+        test_every_train_flag_has_an_entry()
+    with pytest.raises(AssertionError, match="changes nothing"):
+        check("lr", Effect(("--lr", "1e-5"), P.wire), paths)  # a probe the flag does not reach
+    with pytest.raises(AssertionError, match="does not say what to use instead"):
+        check("use_critic", Refused(("--use-critic",), "--use-ppo"), paths)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        check("lr", Refused(("--lr", "1e-5"), "x"), paths)  # an accepted flag is not a refusal
 
 
 # --- slime's spellings -------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ class Alias:
     same_as: tuple[str, ...]  # for a value flag the value is appended: ("--update-weight-dir",)
     kwargs: tuple[tuple[str, Any], ...] = ()
     example: str | None = None  # a value to test the alias with (None: a switch)
+    note: str = ""  # how slime's values map to vime's, for --help
 
 
 #: slime's names where they differ from vime's (checked against THUDM/slime's slime/utils/arguments.py).
@@ -52,7 +53,8 @@ ALIASES: tuple[Alias, ...] = (
           (("action", "store_false"),)),
     Alias("--offload", "offload_train", ("--offload-train", "--offload-rollout"), (("action", _StoreTrueBoth),)),
     Alias("--update-weight-transport", "update_weight_mode", ("--update-weight-mode",),
-          (("action", _StoreMapped), ("mapping", _TRANSPORT), ("metavar", "{nccl,disk}")), example="disk"),
+          (("action", _StoreMapped), ("mapping", _TRANSPORT), ("metavar", "{nccl,disk}")), example="disk",
+          note=" (nccl → tensor)"),
 )
 
 #: vime flag → slime's other spelling of it (same values, same help line)
@@ -69,6 +71,5 @@ def add_aliases(parser: argparse.ArgumentParser, dests: set[str]) -> None:
         if a.dest not in dests:
             continue
         kw = dict(a.kwargs)
-        words = " ".join(a.same_as)
-        kw["help"] = f"= {words}" + (" (nccl → tensor)" if a.flag == "--update-weight-transport" else "")
+        kw["help"] = f"= {' '.join(a.same_as)}{a.note}"
         grp.add_argument(a.flag, dest=a.dest, default=argparse.SUPPRESS, **kw)
