@@ -77,7 +77,7 @@ def test_every_flag_with_a_bad_value_is_a_one_line_error_or_a_valid_config(comma
 @pytest.mark.parametrize("argv,needle", [
     (["--lr", "inf"], "--lr"), (["--rollout-temperature", "nan"], "--rollout-temperature"),
     (["--kl-coef", "inf"], "--kl-coef"), (["--lr", "5"], "--lr"), (["--gpu-memory-utilization", "nan"], "--gpu"),
-    (["--micro", "4"], "unrecognized"), (["--offload"], "unrecognized"),
+    (["--micro", "4"], "unrecognized"), (["--offload-tr"], "unrecognized"),
     (["--search", "fastest", "--sweep", "micro-batch-size=4,8"], "--search and --sweep"),
     (["--search", "fewest-gpus", "--target-step-time", "-3"], "--target-step-time"),
     (["--target-step-time", "30"], "--target-step-time"),

@@ -152,7 +152,7 @@ def test_update_weight_buffer_size_units() -> None:
     (["--prompt-length", "uniform:9,3"], ["--prompt-length", "A ≤ B"]),
     (["--response-length", "trace:/nonexistent/x.jsonl"], ["trace file not found"]),
     (["--model", "/nonexistent/config.json"], ["--model", "not found"]),
-    (["--use-rollout-routing-replay"], ["--use-routing-replay"]),
+    (["--use-rollout-routing-replay"], ["--use-rollout-routing-replay", "not implemented", "drop it"]),
     (["--router-policy", "fastest"], ["--router-policy", "invalid choice"]),
     (["--no-such-flag"], ["unrecognized arguments", "--no-such-flag"]),
 ])

@@ -59,7 +59,7 @@ def model_dir(layout: tuple[str, str, tuple[int, ...]], tmp_path_factory: pytest
 
 @pytest.fixture(scope="module")
 def planned(layout: tuple[str, str, tuple[int, ...]], model_dir: Path,
-            tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
+            tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str], list[str]]:
     from vime.rollout.toy_task import ToyTask, write_prompts
 
     gpus, model, _ = layout
@@ -67,7 +67,8 @@ def planned(layout: tuple[str, str, tuple[int, ...]], model_dir: Path,
     prompts = write_prompts(tmp_path_factory.mktemp("prompts") / "toy.jsonl",
                             ToyTask(vocab_size=vocab, num_prompts=256, prompt_len=128))
     return (_lines("--print-args", str(model_dir), str(prompts), gpus=gpus, model=model),
-            _lines("--print-train-only", gpus=gpus, model=model))
+            _lines("--print-train-only", gpus=gpus, model=model),
+            _lines("--print-train-args", str(model_dir), str(prompts), gpus=gpus, model=model))
 
 
 def _run_cli(argv: list[str]) -> tuple[int, str]:
@@ -82,16 +83,18 @@ def _opt(args: list[str], flag: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def prediction(planned: tuple[list[str], list[str]]) -> dict:
+def prediction(planned: tuple[list[str], list[str], list[str]]) -> dict:
     rc, out = _run_cli(["simulate", *planned[0]])
     assert rc == 0
     return json.loads(out)
 
 
 def test_train_accepts_the_planned_arguments_and_resolves_the_layout(
-        planned: tuple[list[str], list[str]], layout: tuple[str, str, tuple[int, int, int, int]]) -> None:
-    shared, train_only = planned
-    rc, out = _run_cli(["train", "--backend", "real", *shared, *train_only, "--dry-run"])
+        planned: tuple[list[str], list[str], list[str]], layout: tuple[str, str, tuple[int, int, int, int]]) -> None:
+    shared, train_only, train_args = planned
+    # train gets the shared arguments without the simulator's inputs (refused by --backend real)
+    assert [a for a in shared if a not in train_args][::2] == ["--model", "--hardware", "--response-length"]
+    rc, out = _run_cli(["train", "--backend", "real", *train_args, *train_only, "--dry-run"])
     assert rc == 0
     cfg = json.loads(out)  # --json is among the planned flags
     gpus = int(_opt(shared, "--actor-num-gpus-per-node"))
@@ -128,7 +131,7 @@ def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict
     assert prediction["verdict"]["fits"] is True, prediction["verdict"]  # no OOM predicted for the plan
 
 
-def test_simulate_is_deterministic_for_the_planned_arguments(planned: tuple[list[str], list[str]],
+def test_simulate_is_deterministic_for_the_planned_arguments(planned: tuple[list[str], list[str], list[str]],
                                                              prediction: dict) -> None:
     rc, out = _run_cli(["simulate", *planned[0]])
     again = json.loads(out)
@@ -206,7 +209,7 @@ def test_compare_flags_missing_steps_wrong_versions_and_drifting_memory(predicti
     assert any("wall_time" in p for p in doc["problems"])
 
 
-def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tuple[list[str], list[str]],
+def test_compare_cli_on_the_simulated_backend_matches_the_prediction(planned: tuple[list[str], list[str], list[str]],
                                                                      prediction: dict, tmp_path: Path) -> None:
     """`vime train --backend sim` emits the same JSON lines the real backend does: the whole pipe works, error ~0."""
     train = subprocess.run([sys.executable, "-m", "vime.cli", "train", "--backend", "sim", *planned[0]],

@@ -29,12 +29,17 @@ class WandbTracker:
         except ImportError as exc:
             raise ConfigError("--use-wandb needs the wandb package: pip install 'vime[log]'") from exc
         os.environ.setdefault("WANDB_SILENT", "true")
-        directory = cfg.wandb_dir or os.getcwd()
-        os.makedirs(directory, exist_ok=True)
-        self.run = wandb.init(mode=cfg.wandb_mode, dir=directory, project=cfg.wandb_project,
-                              group=cfg.wandb_group, name=cfg.wandb_run_name, config=dict(run_config),
-                              reinit="create_new")
-        self.path = getattr(self.run, "dir", directory)
+        kwargs = self.init_kwargs(cfg, run_config)
+        os.makedirs(kwargs["dir"], exist_ok=True)
+        self.run = wandb.init(**kwargs)
+        self.path = getattr(self.run, "dir", kwargs["dir"])
+
+    @staticmethod
+    def init_kwargs(cfg: LoggingConfig, run_config: Mapping[str, Any]) -> dict[str, Any]:
+        """What `wandb.init` is called with, from the --wandb-* flags."""
+        return {"mode": cfg.wandb_mode, "dir": cfg.wandb_dir or os.getcwd(), "project": cfg.wandb_project,
+                "group": cfg.wandb_group, "name": cfg.wandb_run_name, "config": dict(run_config),
+                "reinit": "create_new"}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -56,9 +61,14 @@ class TensorBoardTracker:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError as exc:
             raise ConfigError("--use-tensorboard needs the tensorboard package: pip install 'vime[log]'") from exc
-        self.path = cfg.tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or "tensorboard"
+        self.path = self.directory(cfg)
         os.makedirs(self.path, exist_ok=True)
         self.writer = EventFileWriter(self.path)
+
+    @staticmethod
+    def directory(cfg: LoggingConfig) -> str:
+        """Where the event file goes: --tensorboard-dir, else $TENSORBOARD_DIR, else ./tensorboard."""
+        return cfg.tensorboard_dir or os.environ.get("TENSORBOARD_DIR") or "tensorboard"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -81,12 +91,13 @@ class Trackers:
     @classmethod
     def from_config(cls, cfg: LoggingConfig, run_config: Mapping[str, Any]) -> Trackers:
         """The trackers ``--use-wandb`` / ``--use-tensorboard`` ask for; wandb records `run_config` (every option)."""
-        chosen: list[Any] = []
-        if cfg.use_wandb:
-            chosen.append(WandbTracker(cfg, run_config))
-        if cfg.use_tensorboard:
-            chosen.append(TensorBoardTracker(cfg))
-        return cls(chosen)
+        make = {"wandb": lambda: WandbTracker(cfg, run_config), "tensorboard": lambda: TensorBoardTracker(cfg)}
+        return cls([make[kind]() for kind in cls.kinds(cfg)])
+
+    @staticmethod
+    def kinds(cfg: LoggingConfig) -> list[str]:
+        """The trackers the flags turn on, in order."""
+        return [kind for kind, on in (("wandb", cfg.use_wandb), ("tensorboard", cfg.use_tensorboard)) if on]
 
     def step(self, report: Any) -> None:
         metrics = report.metrics()

@@ -8,7 +8,8 @@
 #   bash scripts/h200_train/run.sh run      (prep first if not done) one training run with nvidia-smi memory
 #                                           sampled every 0.5 s, then `vime simulate` with the same arguments,
 #                                           then compare.py; results in $OUT/$TAG.tgz + $OUT/$TAG.txt
-#   bash scripts/h200_train/run.sh --print-args [MODEL_DIR PROMPTS]   the arguments train and simulate share,
+#   bash scripts/h200_train/run.sh --print-args [MODEL_DIR PROMPTS]   the arguments `vime simulate` gets,
+#   bash scripts/h200_train/run.sh --print-train-args [MODEL_DIR PROMPTS]   those of `vime train` (no simulator inputs),
 #   bash scripts/h200_train/run.sh --print-train-only                  and those only `vime train` gets (one a line)
 # Knobs (environment):
 #   GPUS        1 | 2 | 8 (default 1): colocated on all of them; trainer TP = GPUS for 1-2 GPUs, TP 2 x DP 4 on
@@ -54,7 +55,7 @@ PROMPTS=$W/toy-$VOCAB.jsonl
 # --prompt-data; a random model rarely samples EOS (and a tokenizer-less one has none), so responses are
 # modelled at the cap.
 run_args() {
-  ARGS=(
+  COMMON=(
     --colocate --actor-num-nodes 1 --actor-num-gpus-per-node "$GPUS"
     --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size 1 --context-parallel-size 1
     --rollout-num-gpus "$GPUS" --rollout-num-gpus-per-engine "$TP"
@@ -63,21 +64,29 @@ run_args() {
     --advantage-estimator grpo --num-rollout "$NUM_ROLLOUT" --micro-batch-size "$MBS" --seed 1
     --update-weight-mode tensor --train-offload-backend "$OFFLOAD"
     --hf-checkpoint "$1" --prompt-data "$2"
+  )
+  # simulator inputs: `vime train --backend real` refuses them (they would act only with --compare-sim)
+  SIM_ONLY=(
     --model "$1/config.json" --hardware "$REPO/bench/data/H200-141G-measured.json"
     --response-length fixed:1024
-    --json
   )
+  ARGS=("${COMMON[@]}" "${SIM_ONLY[@]}" --json)  # what `vime simulate` gets
+  TRAIN_ARGS=("${COMMON[@]}" --json)
   # shellcheck disable=SC2206  # EXTRA_ARGS is a flag list by design
-  [ -n "${EXTRA_ARGS:-}" ] && ARGS+=(${EXTRA_ARGS})
+  [ -n "${EXTRA_ARGS:-}" ] && ARGS+=(${EXTRA_ARGS}) && TRAIN_ARGS+=(${EXTRA_ARGS})
   # The toy task's reward reads each prompt's label; the simulator's synthetic prompts have none (and it
   # models the reward's time, not its value), so only `vime train` gets it.
   TRAIN_ONLY=(--custom-rm-path vime.rollout.toy_task.target_fraction_reward)
   return 0
 }
 
-if [ "${1:-}" = "--print-args" ] || [ "${1:-}" = "--print-train-only" ]; then
+if [ "${1:-}" = "--print-args" ] || [ "${1:-}" = "--print-train-args" ] || [ "${1:-}" = "--print-train-only" ]; then
   run_args "${2:-$MODEL_DIR}" "${3:-$PROMPTS}"
-  if [ "$1" = "--print-args" ]; then printf '%s\n' "${ARGS[@]}"; else printf '%s\n' "${TRAIN_ONLY[@]}"; fi
+  case "$1" in
+    --print-args) printf '%s\n' "${ARGS[@]}" ;;
+    --print-train-args) printf '%s\n' "${TRAIN_ARGS[@]}" ;;
+    *) printf '%s\n' "${TRAIN_ONLY[@]}" ;;
+  esac
   exit 0
 fi
 
@@ -132,7 +141,7 @@ print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version
     tests/real/megatron/test_megatron_actor_gpu.py tests/real/test_cumem_gpu.py tests/real/test_ipc_weights_gpu.py \
     2>&1 | tail -15
   run_args $MODEL_DIR $PROMPTS
-  python3 -m vime.cli train --backend real "${ARGS[@]}" "${TRAIN_ONLY[@]}" --dry-run > "$OUT/dry_run.json" || return 7
+  python3 -m vime.cli train --backend real "${TRAIN_ARGS[@]}" "${TRAIN_ONLY[@]}" --dry-run > "$OUT/dry_run.json" || return 7
   touch $W/.prep-ok
   echo "prep done in $(( $(date +%s) - t0 )) s"
 }
@@ -149,9 +158,9 @@ run() {
      sleep 0.5
    done) > "$R/gpu_mem.csv" 2>/dev/null &
   local sampler=$!
-  echo "+ vime train --backend real ${ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
+  echo "+ vime train --backend real ${TRAIN_ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
   set -o pipefail
-  timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${ARGS[@]}" "${TRAIN_ONLY[@]}" \
+  timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${TRAIN_ARGS[@]}" "${TRAIN_ONLY[@]}" \
      2> "$R/train_stderr.log" | python3 scripts/h200_train/compare.py stamp | tee "$R/train.jsonl"
   local rc=$?
   set +o pipefail

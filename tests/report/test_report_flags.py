@@ -128,7 +128,8 @@ def test_compare_sim_arguments_take_the_model_from_the_checkpoint_and_the_gpu_na
     sim_args, notes = simulation_args(args, ["NVIDIA H200"])
     assert sim_args.model == str(ckpt / "config.json") and sim_args.hardware == "H200-141G-measured"
     assert any("config.json" in n for n in notes) and any("NVIDIA H200" in n for n in notes)
-    given = parse_args(["--backend", "real", "--hf-checkpoint", str(ckpt), "--hardware", "A100-80G"], command="train")
+    given = parse_args(["--backend", "real", "--hf-checkpoint", str(ckpt), "--hardware", "A100-80G", "--compare-sim",
+                        "--report", str(tmp_path / "r.html")], command="train")
     assert simulation_args(given, ["NVIDIA H200"])[0].hardware == "A100-80G"  # what the user says wins
     _, notes = simulation_args(parse_args(["--backend", "real"], command="train"), [])
     assert any("pass --hardware" in n for n in notes)

@@ -114,6 +114,17 @@ class _Printer:
         print(json.dumps(obj, sort_keys=True), file=self.out, flush=True)
 
 
+def step_bar(args: Any, stream: Any = None) -> Any:
+    """A progress bar over the run's steps on `stream` (stderr), shown only on a terminal and never with --json
+    (the rollout draws its own bar per rollout, vime.rollout.generate)."""
+    from tqdm import tqdm
+
+    stream = stream or sys.stderr
+    show = bool(getattr(stream, "isatty", lambda: False)()) and not args.json
+    return tqdm(total=max(0, args.num_rollout - args.start_rollout_id), unit="step", desc="train", file=stream,
+                disable=not show, leave=False)
+
+
 def run_train(args: Any) -> int:
     """`vime train`: run the loop on ``--backend sim`` or ``real`` and print each step's phase times
     (and log them to the trackers the flags turn on)."""
@@ -133,7 +144,10 @@ def run_train(args: Any) -> int:
     printer = _Printer(args.json, calls=calls)
     trackers = Trackers.from_config(args.logging, args.to_dict())  # a missing tracker package fails here, before any backend starts
 
+    bar = step_bar(args)
+
     def on_step(report: StepReport) -> None:
+        bar.update(1)
         printer.step(report)
         trackers.step(report)
 
@@ -170,6 +184,7 @@ def run_train(args: Any) -> int:
                        device_names=sampler.names)
         return 0
     finally:
+        bar.close()
         trackers.close()
 
 

@@ -27,6 +27,7 @@ from vime.config.options import (
     WeightSyncConfig,
 )
 from vime.config.parser import build_parser
+from vime.config.passthrough import split_vllm_args
 from vime.config.rules import resolve
 from vime.errors import ConfigError
 
@@ -133,8 +134,16 @@ def parse_args(argv: Sequence[str] | None = None, command: str | None = None) ->
         if command not in COMMANDS:
             raise ConfigError(f"unknown command {command!r}; use one of {', '.join(COMMANDS)}")
         args_list = [command, *args_list]
-    ns = build_parser().parse_args(args_list)
+    parser = build_parser()
+    vllm: list[str] = []
+    if args_list and args_list[0] in COMMANDS:
+        sub = parser._subparsers._group_actions[0].choices[args_list[0]]  # type: ignore[union-attr]
+        rest, vllm = split_vllm_args(args_list[1:], sub._option_string_actions)
+        args_list = [args_list[0], *rest]
+    ns = parser.parse_args(args_list)
     raw = {k: v for k, v in vars(ns).items() if k != "command"}
+    if vllm:
+        raw["vllm_extra_args"] = tuple(vllm)
     return _make(raw, ns.command)
 
 

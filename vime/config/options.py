@@ -80,6 +80,13 @@ class ParallelConfig:
                                                   "activations recomputed in the backward; method uniform, "
                                                   "1 layer per checkpoint) or selective (core attention only)",
                                             choices=("full", "selective"))
+    sequence_parallel: bool | None = opt(None, "Megatron sequence parallelism: norm/dropout activations split along "
+                                                "the sequence over the TP ranks (default: on when "
+                                                "--tensor-model-parallel-size > 1, as slime's scripts run; off on "
+                                                "--backend real, whose trainer cannot run it)",
+                                         negatable=True)
+    bf16: bool = opt(False, "train in bfloat16 (Megatron's --bf16; default: bfloat16 on GPUs, float32 on CPU)")
+    fp16: bool = opt(False, "train in float16 with a dynamic loss scale (Megatron's --fp16)")
 
 
 @dataclass(frozen=True)
@@ -102,8 +109,8 @@ class TrainConfig:
     seed: int = opt(1234, "random seed (trainer, data order, simulator)", type=int)
     num_rollout: int = opt(100, "number of rollouts (RL steps) to run; `vime simulate` defaults to "
                                 "2 simulated steps", type=int)
-    num_epoch: int | None = opt(None, "epochs over --prompt-data (sets the number of rollouts from the "
-                                      "dataset size when given)", type=int)
+    num_epoch: int | None = opt(None, "epochs over --prompt-data: --num-rollout becomes N × (the dataset's "
+                                      "lines // --rollout-batch-size), as slime", type=int)
     start_rollout_id: int = opt(0, "first rollout id (resume)", type=int)
     eval_interval: int | None = opt(None, "evaluate every N rollouts (and after the last)", type=int)
     eval_prompt_data: tuple[str, ...] = opt((), "evaluation sets as NAME PATH pairs (JSONL like --prompt-data); "
@@ -117,7 +124,8 @@ class TrainConfig:
     eval_top_p: float | None = opt(None, "evaluation top-p (default: --rollout-top-p)", type=float)
     eval_top_k: int | None = opt(None, "evaluation top-k (default: --rollout-top-k)", type=int)
     save_interval: int | None = opt(None, "checkpoint every N rollouts (needs --save)", type=int)
-    save: str | None = opt(None, "checkpoint directory to write", metavar="PATH")
+    save: str | None = opt(None, "checkpoint directory to write (every --save-interval rollouts; without it once, "
+                                 "after the last rollout)", metavar="PATH")
     load: str | None = opt(None, "checkpoint directory to resume from", metavar="PATH")
     hf_checkpoint: str | None = opt(None, "Hugging Face checkpoint (architecture + tokenizer)",
                                     metavar="PATH")
@@ -217,6 +225,8 @@ class EngineConfig:
     max_num_seqs: int = opt(256, "max running sequences per engine", type=int)
     max_num_batched_tokens: int = opt(8192, "token budget per engine iteration (chunked prefill)",
                                       type=int)
+    #: what ``--vllm-<server-flag> [VALUE]`` words reach `vllm serve` (vime.config.passthrough); not a flag itself
+    vllm_extra_args: tuple[str, ...] = opt((), "vLLM server flags passed through", commands=())
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
+from vime.config.aliases import RENAMES, add_aliases
 from vime.config.options import GROUPS, _flag
 from vime.errors import ConfigError
 
@@ -18,6 +19,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    dests: set[str] = set()
     for group_cls in GROUPS:
         doc = (group_cls.__doc__ or "").strip().splitlines()[0]
         grp = parser.add_argument_group(group_cls.title, doc)
@@ -44,7 +46,10 @@ def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
                     kw["metavar"] = metavar
                 if f.default is not None and not isinstance(f.default, bool):
                     kw["help"] += f" (default: {f.default})"
-            grp.add_argument(_flag(f), **kw)
+            flag = _flag(f)
+            grp.add_argument(*[flag, *([RENAMES[flag]] if flag in RENAMES else [])], **kw)
+            dests.add(f.name)
+    add_aliases(parser, dests)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{train,simulate}", required=True)
     for command, help_ in (("train", "run RL training (real GPUs, or --backend sim)"),
                            ("simulate", "simulate the RL step: time per phase, memory per GPU, OOM")):
-        p = sub.add_parser(command, help=help_, description=help_, allow_abbrev=False)
+        epilog = ("vLLM server flags: --vllm-<flag> [VALUE ...] is passed to every `vllm serve` as --<flag> [VALUE ...] "
+                  "(--backend real; the flags vime sets itself are refused)") if command == "train" else None
+        p = sub.add_parser(command, help=help_, description=help_, allow_abbrev=False, epilog=epilog)
         _add_options(p, command)
     return parser
 

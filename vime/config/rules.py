@@ -8,6 +8,7 @@ import os
 from dataclasses import fields
 from typing import Any
 
+from vime.config.backend_rules import check_backend, resolve_num_epoch
 from vime.config.lengths import default_prompt_spec, default_response_spec, parse_length_spec
 from vime.config.options import GROUPS, ClusterConfig, DerivedConfig, _flags_of
 from vime.errors import ConfigError
@@ -23,9 +24,9 @@ MAX_COUNT = 10**9
 #: Flags that parse (slime users type them) but that vime does not train yet, and what to do instead.
 NOT_IMPLEMENTED = {
     "use_critic": "PPO with a value head is not implemented; use --advantage-estimator grpo, gspo or cispo",
-    "use_opd": "on-policy distillation is not implemented",
-    "use_routing_replay": "MoE routing replay needs MoE models, which are not supported yet",
-    "use_rollout_routing_replay": "MoE routing replay needs MoE models, which are not supported yet",
+    "use_opd": "drop --use-opd (distil beforehand and start from that model with --hf-checkpoint)",
+    "use_rollout_routing_replay": "drop it: routing replay needs MoE models, and vime trains dense models only",
+    "use_routing_replay": "drop it: routing replay needs MoE models, and vime trains dense models only",
 }
 
 
@@ -50,6 +51,15 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
         if "num_rollout" not in raw:
             v["num_rollout"] = SIMULATE_DEFAULT_NUM_ROLLOUT
     _check_ranges(v)
+    if v["prompt_data"] is not None and "num_epoch" in raw:
+        _need(os.path.isfile(v["prompt_data"]), f"--prompt-data {v['prompt_data']}: file not found; give an "
+                                                f"existing JSONL dataset")
+    resolve_num_epoch(v, set(raw))
+    if v["save"] is not None and v["save_interval"] is None:
+        v["save_interval"] = max(1, v["num_rollout"])  # --save alone: one checkpoint, after the last rollout
+    _need(0 <= v["start_rollout_id"] <= v["num_rollout"],
+          f"--start-rollout-id {v['start_rollout_id']} must lie in [0, --num-rollout {v['num_rollout']}]")
+    check_backend(v, set(raw))
     actor_gpus, engines = _placement(v)
     _real_placement(v, set(raw))
     dp = _parallelism(v)
@@ -97,8 +107,6 @@ def _check_ranges(v: dict[str, Any]) -> None:
         if v[name] is not None:
             _need(v[name] >= 1, f"{_flags_of(name)} must be ≥ 1, got {v[name]}; leave it out for the default")
     _need(v["num_rollout"] >= 0, f"--num-rollout must be ≥ 0, got {v['num_rollout']}")
-    _need(0 <= v["start_rollout_id"] <= v["num_rollout"],
-          f"--start-rollout-id {v['start_rollout_id']} must lie in [0, --num-rollout {v['num_rollout']}]")
     _need(v["lr"] >= 0, f"--lr must be ≥ 0, got {v['lr']}")
     _need(v["save_interval"] is None or v["save"] is not None,
           f"--save-interval {v['save_interval']} needs --save PATH to know where to write checkpoints")
@@ -251,8 +259,6 @@ def _algorithm(v: dict[str, Any]) -> None:
           f"at eps_clip_c × |A|); leave it out to disable dual clip")
     _need(v["kl_coef"] >= 0 and v["kl_loss_coef"] >= 0,
           f"--kl-coef {v['kl_coef']} and --kl-loss-coef {v['kl_loss_coef']} must be ≥ 0")
-    _need(not (v["use_rollout_routing_replay"] and not v["use_routing_replay"]),
-          "--use-rollout-routing-replay needs --use-routing-replay")
     _need(v["clip_grad"] >= 0 and v["weight_decay"] >= 0 and v["entropy_coef"] >= 0,
           "--clip-grad, --weight-decay and --entropy-coef must be ≥ 0")
     for beta in ("adam_beta1", "adam_beta2"):
@@ -274,7 +280,8 @@ def _algorithm(v: dict[str, Any]) -> None:
     for name, alternative in NOT_IMPLEMENTED.items():
         _need(not v[name], f"{_flags_of(name)} is not implemented (neither the real trainer nor the simulator "
                            f"has it); {alternative}")
-    _need(v["loss_type"] == "policy_loss", f"--loss-type {v['loss_type']} is not implemented; use policy_loss")
+    _need(v["loss_type"] == "policy_loss", f"--loss-type {v['loss_type']} is not implemented (neither the real trainer "
+                                           f"nor the simulator has it); use policy_loss")
 
 
 def _sim_inputs(v: dict[str, Any]) -> None:

@@ -121,6 +121,15 @@ def server_overrides(args: Any, device: str) -> dict[str, Any]:
     return over
 
 
+def weight_dir_of(args: Any, work: Path) -> Path | None:
+    """Where --update-weight-mode disk writes its versions: --update-weight-dir, else $VIME_UPDATE_WEIGHT_DIR, else
+    under the run's work directory; None in tensor mode."""
+    if args.update_weight_mode != "disk":
+        return None
+    given = getattr(args, "update_weight_dir", None) or os.environ.get("VIME_UPDATE_WEIGHT_DIR")
+    return Path(given) if given else work / "weights"
+
+
 def actor_num_cpus() -> float:
     """CPUs of one bundle on a machine without GPUs ($VIME_ACTOR_NUM_CPUS, default 0.5)."""
     return float(os.environ.get("VIME_ACTOR_NUM_CPUS", "0.5"))
@@ -175,10 +184,7 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
     work = Path(tempfile.mkdtemp(prefix="vime-real-"))
     owned_tmp.append(work)
     log_dir = Path(os.environ.get("VIME_LOG_DIR") or work / "logs")
-    weight_dir: Path | None = None
-    if mode == "disk":
-        given = getattr(args, "update_weight_dir", None) or os.environ.get("VIME_UPDATE_WEIGHT_DIR")
-        weight_dir = Path(given) if given else work / "weights"
+    weight_dir = weight_dir_of(args, work)
 
     import ray
 

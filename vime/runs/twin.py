@@ -44,8 +44,13 @@ class Twin:
 def simulation_args(args: Any, device_names: Sequence[str] = ()) -> tuple[Any, list[str]]:
     """`args` as the simulator should take them, and notes on what was filled in."""
     raw = args._raw_options()
-    changes: dict[str, Any] = {}
+    # the simulated backends with what the real run resolved: its sequence parallelism (off on the real trainer)
+    # and weight path (disk for engines off the trainer's GPUs); vLLM's own flags are not modelled
+    changes: dict[str, Any] = {"backend": "sim", "sequence_parallel": args.sequence_parallel,
+                               "update_weight_mode": args.update_weight_mode, "vllm_extra_args": ()}
     notes: list[str] = []
+    if args.vllm_extra_args:
+        notes.append(f"vLLM flags not simulated: {' '.join(args.vllm_extra_args)}")
     cfg = os.path.join(str(args.hf_checkpoint or ""), "config.json")
     if "model" not in raw and args.hf_checkpoint and os.path.isfile(cfg):
         changes["model"] = cfg
@@ -57,7 +62,7 @@ def simulation_args(args: Any, device_names: Sequence[str] = ()) -> tuple[Any, l
             notes.append(f"hardware preset {preset} for the {device_names[0]} this ran on")
         else:
             notes.append(f"simulated on {args.hardware} (the default; pass --hardware for your GPU)")
-    return (args.replace(**changes) if changes else args), notes
+    return args.replace(**changes), notes
 
 
 def simulate_twin(args: Any, device_names: Sequence[str] = ()) -> Twin:

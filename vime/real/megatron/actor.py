@@ -106,6 +106,9 @@ class ActorConfig:
                 continue
             if v is not None:
                 values[f.name] = v
+        for flag, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):  # Megatron's precision flags
+            if getattr(args, flag, False):
+                values["dtype"] = dtype
         backend = getattr(args, "train_offload_backend", None)
         if backend:
             values["offload_backend"] = backend

@@ -77,6 +77,21 @@ class Built:
     adam_state_up_front: bool
 
 
+def optimizer_settings(cfg: ActorConfig) -> dict[str, Any]:
+    """Megatron's OptimizerConfig fields from the actor's options (--lr, --weight-decay, Adam betas/eps,
+    --clip-grad, precision, --use-distributed-optimizer); plain values, so a test reads them without Megatron."""
+    return dict(optimizer="adam", lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
+                adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
+                clip_grad=cfg.clip_grad, bf16=cfg.torch_dtype == torch.bfloat16,
+                fp16=cfg.torch_dtype == torch.float16, params_dtype=cfg.torch_dtype,
+                use_distributed_optimizer=cfg.use_distributed_optimizer)
+
+
+def model_settings(cfg: ActorConfig) -> dict[str, Any]:
+    """The TransformerConfig fields the options set beyond the model's shape (precision, --recompute-granularity)."""
+    return {"dtype": cfg.torch_dtype, **mmodel.recompute_overrides(cfg.recompute_granularity)}
+
+
 def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool, offload: Any) -> Built:
     """GPTModel, DDP and Megatron's optimizer, each allocated under its offload tag (params, grads, optimizer)."""
     from megatron.core.distributed import (
@@ -86,9 +101,8 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
     )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    tf_config = mmodel.transformer_config(spec, tp=tp, dtype=cfg.torch_dtype, cpu_init=cpu,
-                                          calculate_per_token_loss=False,
-                                          **mmodel.recompute_overrides(cfg.recompute_granularity))
+    tf_config = mmodel.transformer_config(spec, tp=tp, cpu_init=cpu, calculate_per_token_loss=False,
+                                          **model_settings(cfg))
     with offload.region("params"):
         module = mmodel.build_gpt_model(spec, tf_config)
         if cfg.torch_dtype != torch.float32:
@@ -106,14 +120,8 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
     # silently trains on its own partition only (tested in tests/real/megatron).
     tf_config.finalize_model_grads_func = finalize_model_grads
     tf_config.no_sync_func = model.no_sync
-    opt_config = OptimizerConfig(
-        optimizer="adam", lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
-        adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps,
-        clip_grad=cfg.clip_grad, bf16=cfg.torch_dtype == torch.bfloat16,
-        fp16=cfg.torch_dtype == torch.float16, params_dtype=cfg.torch_dtype,
-        use_distributed_optimizer=cfg.use_distributed_optimizer)
     with offload.region("optimizer"):
-        optimizer = get_megatron_optimizer(opt_config, [model])
+        optimizer = get_megatron_optimizer(OptimizerConfig(**optimizer_settings(cfg)), [model])
         adam_up_front = init_adam_state(optimizer)
     if cfg.torch_dtype == torch.float16:
         tf_config.grad_scale_func = optimizer.scale_loss  # fp16 needs the dynamic loss scale

@@ -54,6 +54,10 @@ class ActorCostModel:
             raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
         self.recompute: Recompute = recompute
         self.distributed_optimizer = parallel.use_distributed_optimizer
+        # --sequence-parallel (resolved: on when TP > 1 unless --no-sequence-parallel) splits the norm and
+        # dropout activations over the TP ranks
+        sp = getattr(parallel, "sequence_parallel", None)
+        self.sequence_parallel = self.layout.tp > 1 if sp is None else bool(sp) and self.layout.tp > 1
 
     # --- bytes -----------------------------------------------------------------------------------
     def params_per_gpu(self) -> list[int]:
@@ -96,7 +100,8 @@ class ActorCostModel:
         sequence), with unfused elementwise kernels the RoPE tables."""
         lay = self.layout
         per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
-                                                          sequence_parallel=lay.tp > 1, **software_terms(self.hw))
+                                                          sequence_parallel=self.sequence_parallel,
+                                                          **software_terms(self.hw))
         seqs = [tokens] if lengths is None else lengths
         extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
                  + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
