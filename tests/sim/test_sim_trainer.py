@@ -400,20 +400,45 @@ def test_checkpoints_cost_their_bytes_and_unknown_paths_resume_at_start_rollout_
     assert _run(cl, tr.load_checkpoint("/ckpt/iter_20")) == 21
 
 
-def test_kl_needs_reference_log_probs_with_a_weight_swap():
+def test_kl_reference_model_lives_beside_the_policy_and_runs_its_own_forward():
+    """As vime's real trainer keeps it (vime/real/megatron/reference.py): a second bf16 copy in the params tag —
+    GPU memory while awake, copied out and back with the policy's weights at sleep/wake, not in the weight
+    backup — and its log-probs one forward over the batch, timed as perf/ref_log_probs_time."""
     args = _seed_args(offload_train=False, use_kl_loss=True, kl_loss_coef=0.01)
     tr, cl = _trainer(args, reuse_log_probs=True)
     _run(cl, tr.init())
+    p = QWEN3_4B.params_per_rank(2)
+    assert cl.gpus[0].used("actor", "params") == 2 * 2 * p  # policy + reference, bf16 each
+    assert cl.host.used("actor", "weight_backup") == 8 * 2 * p  # the backup holds the policy only
     m = _run(cl, tr.train(0, _batch(args)))
     names = [s.name for s in cl.recorder.spans if s.track == "actor"]
     assert names.count("compute_ref_log_prob") == 1 and names.count("ref_log_probs") == 1
     ref = next(s for s in cl.recorder.spans if s.name == "ref_log_probs")
     fwd = next(s for s in cl.recorder.spans if s.name == "compute_ref_log_prob")
-    swap = 2 * QWEN3_4B.params_per_rank(2) / H100.h2d_bytes_per_s
-    assert (ref.t1 - ref.t0) - (fwd.t1 - fwd.t0) == pytest.approx(2 * swap, rel=1e-9)
-    assert m.extra["perf/ref_log_probs_time"] == pytest.approx(ref.t1 - ref.t0)
+    assert (ref.t0, ref.t1) == (fwd.t0, fwd.t1)  # no weight swap around the forward
+    old = next(s for s in cl.recorder.spans if s.name == "compute_log_prob") if "compute_log_prob" in names else None
+    assert old is None or fwd.t1 - fwd.t0 == pytest.approx(old.t1 - old.t0, rel=1e-9)
+    assert m.extra["perf/ref_log_probs_time"] == pytest.approx(ref.t1 - ref.t0) and ref.t1 > ref.t0
     tr2, _ = _trainer(_seed_args(offload_train=False))
     assert not tr2.needs_ref_log_probs()
+    assert tr2.state_bytes_per_gpu()["params"] == [2 * p] * 8
+
+
+def test_the_reference_model_makes_the_trainer_sleep_and_wake_copy_it_too():
+    def cycle(**kl: Any) -> tuple[float, float]:
+        tr, cl = _trainer(_seed_args(**kl))
+        _run(cl, tr.init())
+        t0 = cl.env.now
+        _run(cl, tr.wake_up())
+        t1 = cl.env.now
+        _run(cl, tr.sleep())
+        return t1 - t0, cl.env.now - t1
+
+    wake, sleep = cycle()
+    wake_kl, sleep_kl = cycle(use_kl_loss=True, kl_loss_coef=0.01)
+    extra = 2 * QWEN3_4B.params_per_rank(2)  # one rank's bf16 reference shard; the ranks copy at once
+    assert wake_kl - wake == pytest.approx(extra / H100.h2d_bytes_per_s, rel=0.05)
+    assert sleep_kl > sleep
 
 
 def test_full_recompute_trades_activation_memory_for_time():

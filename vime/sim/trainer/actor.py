@@ -60,9 +60,9 @@ class SimTrainer(ActorCostModel):
     recomputation. ``start_rollout_id`` is where a checkpoint made outside the simulation resumes.
 
     With ``use_kl_loss`` (or a non-zero ``kl_coef``) every train call also computes reference
-    log-probs: the reference weights are swapped in from host memory over the params (slime keeps
-    them in its CPU weight backup), a forward runs over the batch, and the actor's weights are
-    swapped back — no extra device memory, 2 × params / h2d plus one forward of time.
+    log-probs: one forward over the batch through the frozen reference model, which lives beside
+    the policy as vime's real trainer keeps it (a second bf16 copy in the params tag: GPU memory
+    while awake, copied to the host and back with the policy's weights when the trainer sleeps).
     Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
     """
 
@@ -70,12 +70,14 @@ class SimTrainer(ActorCostModel):
                  cluster: SimCluster, *, seed: int, start_rollout_id: int = 0, name: str = OWNER,
                  pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
                  recompute: Recompute | None = None) -> None:
-        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
+        reference = algo.use_kl_loss or algo.kl_coef != 0.0
+        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute,
+                         reference=reference)
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
         self.offload_train = bool(placement.offload_train)
-        self.reference_model = algo.use_kl_loss or algo.kl_coef != 0.0
+        self.reference_model = reference
         self.reuse_log_probs = reuse_log_probs
         self.seed = seed
         self.start_rollout_id = start_rollout_id
@@ -106,7 +108,7 @@ class SimTrainer(ActorCostModel):
             gpu.alloc(self.name, TAG_CONTEXT, self.hw.cuda_context_bytes)
         for tag, sizes in self.state_bytes_per_gpu().items():
             self.allocator.allocate(tag, sizes)
-        self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.state_bytes_per_gpu()["params"]))
+        self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.policy_param_bytes_per_gpu()))
         await elapse(env, self._backup_seconds())
         self.initialized = True
         self.cluster.recorder.span(self.name, "init", t0, float(env.now))
@@ -204,10 +206,7 @@ class SimTrainer(ActorCostModel):
     async def _ref_log_probs(self, rollout_id: int, batch: TrainBatch) -> float:
         env = self.cluster.env
         t0 = float(env.now)
-        swap = self._ref_swap_seconds()
-        await elapse(env, swap)  # reference weights in
         await self._run_microbatches(batch, None, backward=False, label="compute_ref_log_prob")
-        await elapse(env, swap)  # actor weights back
         self.cluster.recorder.span(self.name, "ref_log_probs", t0, float(env.now), rollout_id=rollout_id)
         return float(env.now) - t0
 
