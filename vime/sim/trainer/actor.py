@@ -85,10 +85,6 @@ class SimTrainer(ActorCostModel):
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
                                       pinned=pinned or _pinned_mode(placement.train_offload_backend),
                                       recorder=cluster.recorder, env=cluster.env)
-        # torch_memory_saver pauses its whole region with a CPU backup: every tensor allocated under
-        # it, grads and the caching allocator's activation blocks included (vllm-project/vime #442
-        # parked ~18.7 GiB for a 0.6B model whose params + optimizer are 7.8 GiB).
-        self.whole_region = placement.train_offload_backend == "torch_memory_saver"
         self.initialized = False
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
@@ -116,16 +112,17 @@ class SimTrainer(ActorCostModel):
             await self.sleep()
 
     async def sleep(self) -> None:
-        """Seed step 41: params and optimizer state to pinned host memory, grads (and activations) dropped;
-        torch_memory_saver copies its whole region instead, cached activation blocks included."""
+        """Seed step 41: params and optimizer state to pinned host memory, grads (and activations) dropped.
+
+        Both backends, as vime's real trainer uses them (vime/real/megatron/offload.py): only the state
+        tags live under the region (torch_memory_saver's grads without a CPU backup) and the CUDA cache is
+        emptied at sleep, so activations' cached blocks are freed, not parked. (Upstream slime/vime builds
+        its whole actor under torch_memory_saver's region and parks those blocks too: vime #442.)"""
         self._require_init("sleep")
         self.lifecycle.check("sleep")
         t0 = float(self.cluster.env.now)
         await self._call()
-        if self.whole_region:
-            await self.allocator.sleep(["params", "optimizer", "grads", "activations"], [])
-        else:
-            await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
+        await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
         self.lifecycle.apply("sleep")
         self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
 
@@ -174,18 +171,11 @@ class SimTrainer(ActorCostModel):
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
                 sizes = dict.fromkeys(positions, nbytes)
-                if self.whole_region:  # the caching allocator keeps its blocks: grow to the peak, never shrink
-                    held = self.allocator.tag_bytes("activations")
-                    grow = {p: nbytes - held[p] for p in positions if nbytes > held[p]}
-                    if grow:
-                        self.allocator.allocate("activations", grow)
-                else:
-                    self.allocator.allocate("activations", sizes)
+                self.allocator.allocate("activations", sizes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
                 busy += fwd + bwd
-                if not self.whole_region:
-                    self.allocator.release("activations", sizes)
+                self.allocator.release("activations", sizes)
             if lay.pp > 1 and micro_batches:
                 # 1F1B pipeline: (m + pp − 1) stage slots for m micro-batches; the bubble is pp − 1 of them.
                 await elapse(env, (lay.pp - 1) * busy / len(micro_batches))
