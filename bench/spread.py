@@ -7,7 +7,10 @@
 Each calibration row compares one measured quantity (median of its runs, and their min..max) with
 what the simulator predicts from the profile. For the quantities of `vime.sim.spread.QUANTITIES`
 the spread is the lowest and highest measured/predicted ratio over their rows, the repeated runs'
-min and max included: how far the fitted model misses the machine it was fitted on. The simulator
+min and max included: how far the fitted model misses the machine it was fitted on. The
+``whole_step_*`` quantities hold the same ratio for each phase of the whole colocated RL steps
+measured on the H200 (bench/data/h200_train_e2e/<run>/: `vime train --backend real`), each step
+after the first against `vime simulate` of the run's own flags with today's model and profile. The simulator
 turns it into a band on every phase (`vime.sim.spread.PHASE_QUANTITIES` says which phase rests on
 which). Run it after bench/calibrate.py re-fits the profile (calibrate does not keep this section).
 """
@@ -26,13 +29,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from compare_calibration import DATA, VLLM_FILES, load_raw, rows_for  # noqa: E402
 
+from vime.config import parse_args  # noqa: E402
+from vime.orchestrator import PHASES  # noqa: E402
+from vime.runs.sim import simulate  # noqa: E402
 from vime.sim.hardware import load_hardware  # noqa: E402
 from vime.sim.spread import QUANTITIES  # noqa: E402
 
 PROFILE = "H200-141G-measured"
 PROFILE_FILE = ROOT / "vime" / "sim" / "data" / "hardware" / f"{PROFILE}.json"
 
-#: Which compare_calibration rows measure each quantity: (group prefix, quantity test).
+#: Which compare_calibration rows measure each component quantity: (group prefix, quantity test).
 RULES: dict[str, tuple[str, Callable[[str], bool]]] = {
     "engine_generate": ("vLLM 0.25.1", lambda q: True),
     "engine_sleep": ("vLLM sleep/wake", lambda q: q.startswith("sleep")),
@@ -42,7 +48,7 @@ RULES: dict[str, tuple[str, Callable[[str], bool]]] = {
     "trainer_sleep_wake": ("", lambda q: q.startswith(("pause", "resume"))),
     "collective": ("NCCL", lambda q: True),
 }
-assert set(RULES) == set(QUANTITIES), "every recorded quantity has a rule, every rule a quantity"
+assert set(RULES) == {q for q in QUANTITIES if not q.startswith("whole_step_")}, "one rule per component quantity"
 
 
 def quantity_of(row: dict) -> str | None:
@@ -78,12 +84,76 @@ def compute(rows: list[dict], files: str) -> dict[str, dict]:
     return out
 
 
+#: Whole-step runs (bench/data/h200_train_e2e/) and the model preset each ran; the OOM run has no step.
+E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memory_saver-1g": "Qwen3-0.6B",
+            "qwen3-4b-cumem-1g_mbs2": "Qwen3-4B"}
+#: `vime train` flags a simulation does not take (the real checkpoint, prompts, reward, backend), with their arity.
+_TRAIN_ONLY = {"--backend": 1, "--hf-checkpoint": 1, "--prompt-data": 1, "--custom-rm-path": 1}
+
+
+def simulate_flags(command: str, model: str, profile: str) -> list[str]:
+    """The run's own flags (its command.txt) as `vime simulate` takes them, on `model` and `profile`."""
+    argv = command.replace("+ vime train", "").split()
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag in _TRAIN_ONLY:
+            i += 1 + _TRAIN_ONLY[flag]
+            continue
+        if flag in ("--model", "--hardware"):
+            out += [flag, model if flag == "--model" else profile]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    return out
+
+
+def whole_step_ratios(profile: str = PROFILE) -> dict[str, list[tuple[str, float]]]:
+    """{phase: [(run/step, measured/predicted)]} over the H200 runs' steps after the first."""
+    out: dict[str, list[tuple[str, float]]] = {p: [] for p in PHASES}
+    for run, model in E2E_RUNS.items():
+        folder = DATA / "h200_train_e2e" / run
+        flags = simulate_flags((folder / "command.txt").read_text(), model, profile)
+        sim = simulate(parse_args(flags, command="simulate"))
+        steady = [s for s in sim.steps if s.rollout_id >= 1]
+        predicted = {p: sum(getattr(s, f"t_{p}") for s in steady) / len(steady) for p in PHASES}
+        for line in (folder / "train.jsonl").read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") != "step" or event["rollout_id"] < 1:
+                continue
+            for p in PHASES:
+                if predicted[p] > 0:
+                    out[p].append((f"{run} step {event['rollout_id']}", event["phases"][p] / predicted[p]))
+    return out
+
+
+def whole_step_spread(profile: str = PROFILE) -> dict[str, dict]:
+    out = {}
+    for phase, ratios in whole_step_ratios(profile).items():
+        if not ratios:
+            continue
+        lo, hi = min(ratios, key=lambda r: r[1]), max(ratios, key=lambda r: r[1])
+        out[f"whole_step_{phase}"] = {
+            "low": round(min(lo[1], 1.0), 4), "high": round(max(hi[1], 1.0), 4), "rows": len(ratios),
+            "source": (f"min..max of measured/predicted {phase} over {len(ratios)} whole colocated RL steps on one "
+                       f"H200 (steps after the first of runs {', '.join(E2E_RUNS)}: bench/data/h200_train_e2e/, "
+                       f"vime train --backend real, vLLM 0.25.1, Megatron-core, trained on zero-valued weights) "
+                       f"against vime simulate of each run's own flags on {profile}; lowest: {lo[0]}, highest: "
+                       f"{hi[0]}; bench/spread.py"),
+        }
+    return out
+
+
 def measured_spread(profile: str = PROFILE) -> dict[str, dict]:
     """The spread of `profile` from the committed H200 data (what --write records)."""
     raw = load_raw(str(DATA / "h200_calibration.json"))
     vllm = [json.loads((DATA / f).read_text()) for f in VLLM_FILES if (DATA / f).exists()]
     rows = rows_for(load_hardware(profile), raw, vllm)
-    return compute(rows, "bench/data/h200_calibration.json and the vLLM runs (compare_calibration.VLLM_FILES)")
+    spread = compute(rows, "bench/data/h200_calibration.json and the vLLM runs (compare_calibration.VLLM_FILES)")
+    spread.update(whole_step_spread(profile))
+    return spread
 
 
 def main() -> int:

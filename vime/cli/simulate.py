@@ -48,8 +48,8 @@ def format_text(doc: dict[str, Any]) -> str:
     if unc:
         lines.append(f"  (no band: {doc['hardware']['name']} records no measured spread, so each phase is an estimate "
                      f"of unknown error; --json's uncertainty says more)" if not banded else
-                     f"  (band: lowest..highest measured/predicted over {unc['basis']}'s calibration rows of what "
-                     f"each phase rests on; --json's uncertainty says which)")
+                     f"  (band: lowest..highest measured/predicted over {unc['basis']}'s calibration rows and whole "
+                     f"measured steps of what each phase rests on; --json's uncertainty says which)")
     r = doc["rollout"]
     lines += ["", "Rollout",
               f"  tokens generated per step {r['tokens_generated']:,}   tokens/s per GPU {r['tokens_per_s_per_gpu']:,.0f}"

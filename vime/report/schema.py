@@ -54,9 +54,10 @@ SIMULATE_SCHEMA: dict[str, Any] = {
         "uncertainty": {"type": "object", "required": ["basis", "note", "phases", "t_step", "quantities"], "properties": {
             "basis": {"type": ["string", "null"]},
             "phases": {"type": "object", "required": _PHASES, "additionalProperties": {
-                "type": "object", "required": ["low_s", "high_s", "low_factor", "high_factor", "rests_on"],
+                "type": "object", "required": ["low_s", "high_s", "low_factor", "high_factor", "rests_on", "unmeasured"],
                 "properties": {k: _NUM_OR_NULL for k in ("low_s", "high_s", "low_factor", "high_factor")}
-                | {"rests_on": {"type": "array", "items": {"type": "string"}}, "why": {"type": "string"}}}},
+                | {"rests_on": {"type": "array", "items": {"type": "string"}},
+                   "unmeasured": {"type": "array", "items": {"type": "string"}}, "why": {"type": "string"}}}},
             "t_step": {"oneOf": [{"type": "null"}, {"type": "object", "required": ["low_s", "high_s", "unbanded"]}]},
             "quantities": {"type": "object", "additionalProperties": {
                 "type": "object", "required": ["low", "high", "rows", "source"]}}}},

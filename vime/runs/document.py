@@ -25,7 +25,8 @@ Keys of the top-level object:
   as data: [{fix, changes, fits, t_step_s, result}]).
 - ``uncertainty`` (added in 1.1): how firm each phase is (`vime.sim.spread.uncertainty`):
   ``basis`` (the profile whose measured spread gives the bands, null when it has none), ``note``,
-  ``phases`` {name: {low_s, high_s, low_factor, high_factor, rests_on [quantity], why (when no band)}},
+  ``phases`` {name: {low_s, high_s, low_factor, high_factor, rests_on [quantity], unmeasured [quantity],
+  why (when no band)}},
   ``t_step`` (null or {low_s, high_s, unbanded [phase]}), ``quantities`` (the profile's spread:
   {quantity: {low, high, rows, source}}).
 - ``wall_s``: wall-clock seconds the simulation took (the only field that is not deterministic;

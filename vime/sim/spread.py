@@ -18,16 +18,19 @@ QUANTITIES: dict[str, str] = {
     "train_compute": "Megatron forward, backward and optimizer step",
     "trainer_sleep_wake": "the trainer's pause and resume of its GPU state",
     "collective": "NCCL all-reduce / all-gather",
+    **{f"whole_step_{p}": f"the {p.replace('_', ' ')} phase of whole colocated RL steps (vime train --backend real)"
+       for p in ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")},
 }
 
-#: Which measured quantities each phase's time rests on (the phase's band is the widest of them).
+#: Which measured quantities each phase's time rests on (the phase's band is the widest of them): the
+#: component calls it is made of, and the phase itself in whole steps measured on the machine.
 PHASE_QUANTITIES: dict[str, tuple[str, ...]] = {
-    "rollout": ("engine_generate",),
-    "offload": ("engine_sleep",),
-    "train": ("train_compute", "trainer_sleep_wake", "collective"),
-    "onload_weights": ("engine_wake",),
-    "weight_sync": ("weight_update", "collective"),
-    "onload_kv": ("engine_wake",),
+    "rollout": ("engine_generate", "whole_step_rollout"),
+    "offload": ("engine_sleep", "whole_step_offload"),
+    "train": ("train_compute", "trainer_sleep_wake", "collective", "whole_step_train"),
+    "onload_weights": ("engine_wake", "whole_step_onload_weights"),
+    "weight_sync": ("weight_update", "collective", "whole_step_weight_sync"),
+    "onload_kv": ("engine_wake", "whole_step_onload_kv"),
     "gap": (),
 }
 
@@ -90,7 +93,8 @@ def uncertainty(hardware_name: str, spread: Spread, phases: Mapping[str, float],
     """The document's ``uncertainty`` section: each phase's band from the quantities it rests on.
 
     A phase's band is its predicted seconds times the lowest and highest measured/predicted ratio of
-    those quantities; a phase none of whose quantities were measured has no band (null, with why).
+    those of its quantities the profile measured (``unmeasured`` names the others); a phase none of whose
+    quantities were measured has no band (null, with why).
     T_step's band adds the phases' bands (their errors taken to share a sign: the widest reading),
     phases without a band counted at their prediction and named in ``t_step.unbanded``."""
     known = dict(spread)
@@ -100,18 +104,18 @@ def uncertainty(hardware_name: str, spread: Spread, phases: Mapping[str, float],
     for name, seconds in phases.items():
         rests_on = list(PHASE_QUANTITIES.get(name, ()))
         have = [known[q] for q in rests_on if q in known]
-        if have and len(have) == len(rests_on):
+        missing = [q for q in rests_on if q not in known]
+        if have:
             lo, hi = min(q.low for q in have), max(q.high for q in have)
             out_phases[name] = {"low_s": _r(seconds * lo), "high_s": _r(seconds * hi), "low_factor": _r(lo),
-                                "high_factor": _r(hi), "rests_on": rests_on}
+                                "high_factor": _r(hi), "rests_on": rests_on, "unmeasured": missing}
             low_sum += seconds * lo
             high_sum += seconds * hi
             continue
-        missing = [q for q in rests_on if q not in known]
         why = (f"no calibration rows measure it on {hardware_name}" if not rests_on else
                f"{hardware_name} has no measured spread for {', '.join(missing)}")
         out_phases[name] = {"low_s": None, "high_s": None, "low_factor": None, "high_factor": None,
-                            "rests_on": rests_on, "why": why}
+                            "rests_on": rests_on, "unmeasured": missing, "why": why}
         low_sum += seconds
         high_sum += seconds
         if seconds > 0:
@@ -119,8 +123,8 @@ def uncertainty(hardware_name: str, spread: Spread, phases: Mapping[str, float],
     banded = any(p["low_s"] is not None for p in out_phases.values())
     t_band = ({"low_s": _r(low_sum), "high_s": _r(high_sum), "unbanded": unbanded} if banded and t_step > 0 else None)
     note = (f"bands are the lowest and highest measured/predicted ratio over {hardware_name}'s calibration rows "
-            "(repeated runs included) of the quantities each phase rests on; they say how far the model "
-            "missed the machine it was fitted on, not a bound elsewhere" if spread else
+            "(repeated runs included) and its whole measured steps, for the quantities each phase rests on; they "
+            "say how far the model missed the machine it was fitted on, not a bound elsewhere" if spread else
             f"{hardware_name} records no measured spread (a datasheet preset or an uncalibrated profile): every "
             "phase is an estimate of unknown error; held-out published whole steps were off by tens of percent "
             "on these presets (bench/data/published/RESULTS.md); bench/spread.py records one for a calibrated profile")
