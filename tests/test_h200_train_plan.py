@@ -116,7 +116,7 @@ def test_train_accepts_the_planned_arguments_and_resolves_the_layout(
 def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict, model_dir: Path,
                                                                layout: tuple[str, str, tuple[int, ...]]) -> None:
     profile = json.loads((ROOT / "bench/data/H200-141G-measured.json").read_text())
-    assert prediction["schema"] == "vime.simulate/1"
+    assert prediction["schema"] == "vime.simulate/1.1"
     assert prediction["hardware"]["name"] == profile["name"]
     model = json.loads((model_dir / "config.json").read_text())
     assert prediction["model"]["layers"] == model["num_hidden_layers"]

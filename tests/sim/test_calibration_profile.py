@@ -87,10 +87,11 @@ def _numbers(spec: HardwareSpec) -> dict[str, float]:
 
 
 def _schema_keys() -> set[str]:
-    # `engine` holds optional EngineSettings overrides (none measured on the H200 beyond the defaults)
+    # `engine` holds optional EngineSettings overrides (none measured on the H200 beyond the defaults);
+    # `spread` is recorded afterwards by bench/spread.py from the rows the fitted profile predicts
     top = {f.name for f in dataclasses.fields(HardwareSpec)} - {"efficiency", "vmm", "software", "sources",
                                                                    "provenance", "path", "description", "engine",
-                                                                   "disk"}
+                                                                   "disk", "spread"}
     return (top | {f"efficiency.{f.name}" for f in dataclasses.fields(Efficiency)}
             | {f"vmm.{f.name}" for f in dataclasses.fields(VmmCosts)}
             | {f"software.{f.name}" for f in dataclasses.fields(Software)}

@@ -21,6 +21,12 @@ _PHASE_LABEL = {"rollout": "rollout (14–32)", "offload": "offload (33–36)", 
                 "onload_kv": "onload KV (54)", "gap": "outside the phases"}
 
 
+def _band(b: dict[str, Any] | None) -> str:
+    if not b or b.get("low_s") is None:
+        return f"  {'(no band)':>17}"
+    return f"  [{b['low_s']:7.3f}–{b['high_s']:7.3f}]"
+
+
 def format_text(doc: dict[str, Any]) -> str:
     """The human report: phases, rollout figures, memory per GPU, verdict."""
     cfg = doc["config"]
@@ -31,11 +37,19 @@ def format_text(doc: dict[str, Any]) -> str:
              f"{cfg['rollout_num_gpus_per_engine']} GPUs, {cfg['rollout_batch_size']} × {cfg['n_samples_per_prompt']} "
              f"samples, {len(doc['steps'])} step(s) simulated", ""]
     s = doc["summary"]
-    lines.append("T_step by phase (mean over simulated steps)")
+    unc = doc.get("uncertainty") or {}
+    banded = unc.get("basis") is not None
+    lines.append("T_step by phase (mean over simulated steps" + (", band: measured spread)" if banded else ")"))
     for name, p in s["phases"].items():
         bar = "█" * int(round(p["percent"] / 2.5))
-        lines.append(f"  {_PHASE_LABEL.get(name, name):<22} {p['seconds']:9.3f} s  {p['percent']:5.1f} %  {bar}")
-    lines.append(f"  {'T_step':<22} {s['t_step']:9.3f} s")
+        band = _band(unc.get("phases", {}).get(name)) if banded else ""
+        lines.append(f"  {_PHASE_LABEL.get(name, name):<22} {p['seconds']:9.3f} s{band}  {p['percent']:5.1f} %  {bar}")
+    lines.append(f"  {'T_step':<22} {s['t_step']:9.3f} s" + (_band(unc.get("t_step")) if banded else ""))
+    if unc:
+        lines.append(f"  (no band: {doc['hardware']['name']} records no measured spread, so each phase is an estimate "
+                     f"of unknown error; --json's uncertainty says more)" if not banded else
+                     f"  (band: lowest..highest measured/predicted over {unc['basis']}'s calibration rows and whole "
+                     f"measured steps of what each phase rests on; --json's uncertainty says which)")
     r = doc["rollout"]
     lines += ["", "Rollout",
               f"  tokens generated per step {r['tokens_generated']:,}   tokens/s per GPU {r['tokens_per_s_per_gpu']:,.0f}"

@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from vime import __version__
+from vime.report.bands import uncertainty_section, with_bands
 from vime.report.recorder import Recorder
 from vime.report.view import (
     PHASE_COLORS,
@@ -285,8 +286,9 @@ def _verdict_banner(doc: dict[str, Any], measured: bool) -> str:
 
 
 def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | None = None) -> str:
-    """The page of one run: `doc` is its document (``vime.simulate/1`` or ``vime.train/1``), `recorder` what it
+    """The page of one run: `doc` is its document (``vime.simulate/1.1`` or ``vime.train/1``), `recorder` what it
     recorded; `trace_href` links the Perfetto trace written beside the page."""
+    doc = with_bands(doc)  # a simulation's uncertainty, where the phase table and chart draw bands
     cfg = doc.get("config", {})
     measured = str(doc.get("schema", "")).startswith("vime.train")
     summary = doc.get("summary", {})
@@ -347,7 +349,7 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
             f'<section class="kpis">{"".join(kpis)}</section>']
     time_title = "Where a step's time goes" if steps else "What ran before the OOM"
     body.append(f'<section id="phases"><h2>{time_title}</h2><div class="chart" id="phase-chart"></div>'
-                + (_phase_table(doc) if steps else "") + "</section>")
+                + (_phase_table(doc) if steps else "") + "</section>" + (uncertainty_section(doc) if steps else ""))
     if not v["fits"]:
         body.append(f'<section id="fixes"><h2>Fixes, each simulated</h2>{_fixes_table(v)}</section>')
     body.append('<section id="timeline-memory"><h2>Timeline and memory over time</h2>'

@@ -1,19 +1,20 @@
-"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1``) and of its trace file, for validation."""
+"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1.1``) and of its trace file, for validation."""
 
 from __future__ import annotations
 
 from typing import Any
 
 _NUM = {"type": "number"}
+_NUM_OR_NULL = {"type": ["number", "null"]}
 _PHASES = ["rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv"]
 
 SIMULATE_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "required": ["schema", "vime_version", "config", "hardware", "model", "startup", "steps", "summary",
-                 "rollout", "memory", "verdict"],
+                 "rollout", "memory", "verdict", "uncertainty"],
     "properties": {
-        "schema": {"const": "vime.simulate/1"},
+        "schema": {"const": "vime.simulate/1.1"},
         "vime_version": {"type": "string"},
         "config": {"type": "object", "required": ["rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
                                                   "tensor_model_parallel_size", "data_parallel_size"]},
@@ -50,6 +51,16 @@ SIMULATE_SCHEMA: dict[str, Any] = {
             "fix_results": {"type": "array", "items": {"type": "object", "required": ["fix", "changes", "fits", "result"],
                                                         "properties": {"fits": {"type": "boolean"},
                                                                        "t_step_s": {"type": ["number", "null"]}}}}}},
+        "uncertainty": {"type": "object", "required": ["basis", "note", "phases", "t_step", "quantities"], "properties": {
+            "basis": {"type": ["string", "null"]},
+            "phases": {"type": "object", "required": _PHASES, "additionalProperties": {
+                "type": "object", "required": ["low_s", "high_s", "low_factor", "high_factor", "rests_on", "unmeasured"],
+                "properties": {k: _NUM_OR_NULL for k in ("low_s", "high_s", "low_factor", "high_factor")}
+                | {"rests_on": {"type": "array", "items": {"type": "string"}},
+                   "unmeasured": {"type": "array", "items": {"type": "string"}}, "why": {"type": "string"}}}},
+            "t_step": {"oneOf": [{"type": "null"}, {"type": "object", "required": ["low_s", "high_s", "unbanded"]}]},
+            "quantities": {"type": "object", "additionalProperties": {
+                "type": "object", "required": ["low", "high", "rows", "source"]}}}},
         "wall_s": _NUM,
     },
 }

@@ -1,8 +1,9 @@
-"""The ``vime.simulate/1`` JSON document of one simulated configuration (`vime simulate --json`).
+"""The ``vime.simulate/1.1`` JSON document of one simulated configuration (`vime simulate --json`).
 
 Keys of the top-level object:
 
-- ``schema``: ``"vime.simulate/1"``; ``vime_version``.
+- ``schema``: ``"vime.simulate/1.1"`` (1.1 adds ``uncertainty`` to 1; readers of 1 read it unchanged);
+  ``vime_version``.
 - ``config``: the resolved configuration (`vime simulate --dry-run --json`).
 - ``hardware`` / ``model``: what was simulated (name, memory, peak FLOP/s; parameters, layers).
 - ``startup``: start-up phases (seed steps 1–13) in seconds.
@@ -22,6 +23,12 @@ Keys of the top-level object:
   requested_gib, free_gib, short_by_gib, time_s, message}), ``fixes`` ([str]; when an OOM
   happened, each fix was simulated and says whether it then fits), ``fix_results`` (the same fixes
   as data: [{fix, changes, fits, t_step_s, result}]).
+- ``uncertainty`` (added in 1.1): how firm each phase is (`vime.sim.spread.uncertainty`):
+  ``basis`` (the profile whose measured spread gives the bands, null when it has none), ``note``,
+  ``phases`` {name: {low_s, high_s, low_factor, high_factor, rests_on [quantity], unmeasured [quantity],
+  why (when no band)}},
+  ``t_step`` (null or {low_s, high_s, unbanded [phase]}), ``quantities`` (the profile's spread:
+  {quantity: {low, high, rows, source}}).
 - ``wall_s``: wall-clock seconds the simulation took (the only field that is not deterministic;
   omitted with ``--seed``-stable output requested by tests through ``deterministic=True``).
 """
@@ -33,8 +40,9 @@ from typing import Any
 from vime import __version__
 from vime.orchestrator import PHASES, StepReport
 from vime.runs.sim import Simulation
+from vime.sim.spread import uncertainty
 
-SCHEMA = "vime.simulate/1"
+SCHEMA = "vime.simulate/1.1"
 GiB = 1024**3
 
 
@@ -114,7 +122,7 @@ def _verdict(sim: Simulation) -> dict[str, Any]:
 
 
 def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any = None) -> dict[str, Any]:
-    """The ``vime.simulate/1`` document (module docstring); identical for identical inputs and seed,
+    """The ``vime.simulate/1.1`` document (module docstring); identical for identical inputs and seed,
     apart from ``wall_s`` (left out with `deterministic`). With `calls` (a `vime.report.calls.CallLog`
     that watched the run, ``--record-calls``) start-up and every step carry their ``calls``."""
     hw, model = sim.backends.hardware, sim.backends.model
@@ -135,6 +143,9 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
         "memory": _memory(sim),
         "verdict": _verdict(sim),
     }
+    summary = doc["summary"]
+    doc["uncertainty"] = uncertainty(hw.name, hw.spread, {p: v["seconds"] for p, v in summary["phases"].items()},
+                                     summary["t_step"])
     if calls is not None:
         if doc["startup"] is not None:
             doc["startup"]["calls"] = [e.to_dict() for e in calls.sequence("startup")]

@@ -61,8 +61,10 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
       "provenance": {"machine": "...", "driver": "...", "date": "...", "command": "..."},  # measured profiles
       "carry": {"from": "H200-141G-measured",     # take these fields from a measured preset (optional)
                 "fields": ["vmm.create_map_s_per_gib", ...],
-                "why": "driver and host-software costs, not chip properties"}
-    }
+                "why": "driver and host-software costs, not chip properties"},
+      "spread": {"engine_generate": {"low": 0.9, "high": 1.2, "rows": 19, "source": "..."}, ...}
+    }                                             # measured/predicted over calibration rows (optional;
+                                                  #   vime.sim.spread, written by bench/spread.py)
 
 ``carry`` exists because some costs belong to the driver, the host and the software rather than
 the chip (mapping memory, pinning host pages, vLLM's CPU step, NCCL's per-call latency): a
@@ -90,6 +92,7 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.inputs import read_json
+from vime.sim.spread import Spread, parse_spread, spread_to_dict
 
 GiB = 1024**3
 
@@ -304,6 +307,8 @@ class HardwareSpec:
     provenance: tuple[tuple[str, str], ...] = ()
     #: The file it was loaded from ("" when built in code).
     path: str = ""
+    #: Measured calibration spread per quantity (`vime.sim.spread`); () when nothing measured it.
+    spread: Spread = ()
 
     # --- what the device can do ---------------------------------------------------------------
     @property
@@ -405,6 +410,7 @@ class HardwareSpec:
             "disk": {f.name: getattr(self.disk, f.name) for f in fields(DiskCosts)},
             "sources": dict(self.sources),
             **({"provenance": dict(self.provenance)} if self.provenance else {}),
+            **({"spread": spread_to_dict(self.spread)} if self.spread else {}),
         }
 
     @classmethod
@@ -419,7 +425,7 @@ class HardwareSpec:
             raise ConfigError(f"hardware profile {origin}: missing field(s) {missing}; "
                               f"see vime/sim/hardware.py for the schema")
         known = set(required) | {"description", "internode_bytes_per_s", "efficiency", "vmm", "software", "sources",
-                                 "provenance", "carry", "device", "engine", "disk"}
+                                 "provenance", "carry", "device", "engine", "disk", "spread"}
         data = resolve_carry(data, origin)
         extra = sorted(set(data) - known)
         if extra:
@@ -516,6 +522,7 @@ class HardwareSpec:
             sources=tuple(sorted(sources.items())),
             provenance=tuple(sorted(provenance.items())),
             path=origin,
+            spread=parse_spread(data.get("spread"), origin),
         )
 
 

@@ -60,9 +60,9 @@ class SimTrainer(ActorCostModel):
     recomputation. ``start_rollout_id`` is where a checkpoint made outside the simulation resumes.
 
     With ``use_kl_loss`` (or a non-zero ``kl_coef``) every train call also computes reference
-    log-probs: the reference weights are swapped in from host memory over the params (slime keeps
-    them in its CPU weight backup), a forward runs over the batch, and the actor's weights are
-    swapped back — no extra device memory, 2 × params / h2d plus one forward of time.
+    log-probs: one forward over the batch through the frozen reference model, which lives beside
+    the policy as vime's real trainer keeps it (a second bf16 copy in the params tag: GPU memory
+    while awake, copied to the host and back with the policy's weights when the trainer sleeps).
     Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
     """
 
@@ -70,12 +70,14 @@ class SimTrainer(ActorCostModel):
                  cluster: SimCluster, *, seed: int, start_rollout_id: int = 0, name: str = OWNER,
                  pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
                  recompute: Recompute | None = None) -> None:
-        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
+        reference = algo.use_kl_loss or algo.kl_coef != 0.0
+        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute,
+                         reference=reference)
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
         self.offload_train = bool(placement.offload_train)
-        self.reference_model = algo.use_kl_loss or algo.kl_coef != 0.0
+        self.reference_model = reference
         self.reuse_log_probs = reuse_log_probs
         self.seed = seed
         self.start_rollout_id = start_rollout_id
@@ -83,10 +85,6 @@ class SimTrainer(ActorCostModel):
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
                                       pinned=pinned or _pinned_mode(placement.train_offload_backend),
                                       recorder=cluster.recorder, env=cluster.env)
-        # torch_memory_saver pauses its whole region with a CPU backup: every tensor allocated under
-        # it, grads and the caching allocator's activation blocks included (vllm-project/vime #442
-        # parked ~18.7 GiB for a 0.6B model whose params + optimizer are 7.8 GiB).
-        self.whole_region = placement.train_offload_backend == "torch_memory_saver"
         self.initialized = False
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
@@ -106,7 +104,7 @@ class SimTrainer(ActorCostModel):
             gpu.alloc(self.name, TAG_CONTEXT, self.hw.cuda_context_bytes)
         for tag, sizes in self.state_bytes_per_gpu().items():
             self.allocator.allocate(tag, sizes)
-        self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.state_bytes_per_gpu()["params"]))
+        self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.policy_param_bytes_per_gpu()))
         await elapse(env, self._backup_seconds())
         self.initialized = True
         self.cluster.recorder.span(self.name, "init", t0, float(env.now))
@@ -114,16 +112,17 @@ class SimTrainer(ActorCostModel):
             await self.sleep()
 
     async def sleep(self) -> None:
-        """Seed step 41: params and optimizer state to pinned host memory, grads (and activations) dropped;
-        torch_memory_saver copies its whole region instead, cached activation blocks included."""
+        """Seed step 41: params and optimizer state to pinned host memory, grads (and activations) dropped.
+
+        Both backends, as vime's real trainer uses them (vime/real/megatron/offload.py): only the state
+        tags live under the region (torch_memory_saver's grads without a CPU backup) and the CUDA cache is
+        emptied at sleep, so activations' cached blocks are freed, not parked. (Upstream slime/vime builds
+        its whole actor under torch_memory_saver's region and parks those blocks too: vime #442.)"""
         self._require_init("sleep")
         self.lifecycle.check("sleep")
         t0 = float(self.cluster.env.now)
         await self._call()
-        if self.whole_region:
-            await self.allocator.sleep(["params", "optimizer", "grads", "activations"], [])
-        else:
-            await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
+        await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
         self.lifecycle.apply("sleep")
         self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
 
@@ -172,18 +171,11 @@ class SimTrainer(ActorCostModel):
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
                 sizes = dict.fromkeys(positions, nbytes)
-                if self.whole_region:  # the caching allocator keeps its blocks: grow to the peak, never shrink
-                    held = self.allocator.tag_bytes("activations")
-                    grow = {p: nbytes - held[p] for p in positions if nbytes > held[p]}
-                    if grow:
-                        self.allocator.allocate("activations", grow)
-                else:
-                    self.allocator.allocate("activations", sizes)
+                self.allocator.allocate("activations", sizes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
                 busy += fwd + bwd
-                if not self.whole_region:
-                    self.allocator.release("activations", sizes)
+                self.allocator.release("activations", sizes)
             if lay.pp > 1 and micro_batches:
                 # 1F1B pipeline: (m + pp − 1) stage slots for m micro-batches; the bubble is pp − 1 of them.
                 await elapse(env, (lay.pp - 1) * busy / len(micro_batches))
@@ -204,10 +196,7 @@ class SimTrainer(ActorCostModel):
     async def _ref_log_probs(self, rollout_id: int, batch: TrainBatch) -> float:
         env = self.cluster.env
         t0 = float(env.now)
-        swap = self._ref_swap_seconds()
-        await elapse(env, swap)  # reference weights in
         await self._run_microbatches(batch, None, backward=False, label="compute_ref_log_prob")
-        await elapse(env, swap)  # actor weights back
         self.cluster.recorder.span(self.name, "ref_log_probs", t0, float(env.now), rollout_id=rollout_id)
         return float(env.now) - t0
 

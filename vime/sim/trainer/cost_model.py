@@ -43,8 +43,11 @@ class ActorCostModel:
     """
 
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, model: ModelSpec, hardware: HardwareSpec,
-                 num_gpus: int, *, recompute: Recompute | None = None) -> None:
+                 num_gpus: int, *, recompute: Recompute | None = None, reference: bool = False) -> None:
         self.model = model
+        # The KL loss's frozen reference model: a second bf16 copy of the model on each rank, in the params
+        # tag (vime/real/megatron/reference.py), so it sleeps and wakes with the policy's weights.
+        self.reference = reference
         self.hw = hardware
         self.layout = Layout.of(placement, parallel, num_gpus)
         self.nodes = placement.actor_num_nodes
@@ -69,8 +72,9 @@ class ActorCostModel:
         """Bytes per tag on each actor GPU when awake and idle: params, grads, optimizer."""
         shard = self.layout.dp * self.layout.cp if self.distributed_optimizer else 1
         params = self.params_per_gpu()
+        copies = 2 if self.reference else 1
         return {
-            "params": [p * PARAM_BYTES for p in params],
+            "params": [p * PARAM_BYTES * copies for p in params],
             "grads": [p * grad_bytes(self.hw) for p in params],
             "optimizer": [math.ceil(p / shard) * OPTIMIZER_BYTES for p in params],
         }
@@ -87,6 +91,10 @@ class ActorCostModel:
                                   max(self.optimizer_transient_per_gpu(), default=0))
         plan["total"] = sum(plan.values())
         return plan
+
+    def policy_param_bytes_per_gpu(self) -> list[int]:
+        """The policy's own weights on each actor GPU (the params tag without a reference model)."""
+        return [p * PARAM_BYTES for p in self.params_per_gpu()]
 
     def optimizer_transient_per_gpu(self) -> list[int]:
         """Bytes the optimizer step allocates on each actor GPU on top of the state (its shard's)."""
@@ -113,7 +121,7 @@ class ActorCostModel:
         state = self.state_bytes_per_gpu()
         replicas = lay.dp * lay.cp
         opt_copies = 1 if self.distributed_optimizer else replicas
-        return sum(state["params"]) // replicas + sum(state["optimizer"]) // opt_copies
+        return sum(self.policy_param_bytes_per_gpu()) // replicas + sum(state["optimizer"]) // opt_copies
 
     def export_bytes(self) -> int:
         """Total bytes `export_weights` yields (the bf16 model)."""
@@ -181,11 +189,7 @@ class ActorCostModel:
 
     def _backup_seconds(self) -> float:
         """The weight backup (seed step 41): the largest rank's params device → host."""
-        return max(self.state_bytes_per_gpu()["params"]) / self.hw.d2h_bytes_per_s
-
-    def _ref_swap_seconds(self) -> float:
-        """Swapping the reference weights in (or the actor's back) from host memory over the params."""
-        return max(self.state_bytes_per_gpu()["params"]) / self.hw.h2d_bytes_per_s
+        return max(self.policy_param_bytes_per_gpu()) / self.hw.d2h_bytes_per_s
 
     def _bucket_seconds(self, nbytes: int) -> float:
         """Staging one weight bucket: each rank's shard host → device, then the TP all-gather of full tensors."""

@@ -1,0 +1,181 @@
+"""Record a measured profile's calibration spread: measured/predicted per quantity over bench/compare_calibration.py's rows.
+
+    python bench/spread.py                 # print the spread of H200-141G-measured
+    python bench/spread.py --write         # and write it into the profile's "spread" section
+    python bench/spread.py --check         # exit 1 if the profile's section differs from the data (CI)
+
+Each calibration row compares one measured quantity (median of its runs, and their min..max) with
+what the simulator predicts from the profile. For the quantities of `vime.sim.spread.QUANTITIES`
+the spread is the lowest and highest measured/predicted ratio over their rows, the repeated runs'
+min and max included: how far the fitted model misses the machine it was fitted on. The
+``whole_step_*`` quantities hold the same ratio for each phase of the whole colocated RL steps
+measured on the H200 (bench/data/h200_train_e2e/<run>/: `vime train --backend real`), each step
+after the first against `vime simulate` of the run's own flags with today's model and profile. The simulator
+turns it into a band on every phase (`vime.sim.spread.PHASE_QUANTITIES` says which phase rests on
+which). Run it after bench/calibrate.py re-fits the profile (calibrate does not keep this section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from compare_calibration import DATA, VLLM_FILES, load_raw, rows_for  # noqa: E402
+
+from vime.config import parse_args  # noqa: E402
+from vime.orchestrator import PHASES  # noqa: E402
+from vime.runs.sim import simulate  # noqa: E402
+from vime.sim.hardware import load_hardware  # noqa: E402
+from vime.sim.spread import QUANTITIES  # noqa: E402
+
+PROFILE = "H200-141G-measured"
+PROFILE_FILE = ROOT / "vime" / "sim" / "data" / "hardware" / f"{PROFILE}.json"
+
+#: Which compare_calibration rows measure each component quantity: (group prefix, quantity test).
+RULES: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "engine_generate": ("vLLM 0.25.1", lambda q: True),
+    "engine_sleep": ("vLLM sleep/wake", lambda q: q.startswith("sleep")),
+    "engine_wake": ("vLLM sleep/wake", lambda q: q.startswith("wake")),
+    "weight_update": ("vLLM IPC weight update", lambda q: True),
+    "train_compute": ("Megatron-core step", lambda q: q.startswith(("fwd", "bwd", "optimizer"))),
+    "trainer_sleep_wake": ("", lambda q: q.startswith(("pause", "resume"))),
+    "collective": ("NCCL", lambda q: True),
+}
+assert set(RULES) == {q for q in QUANTITIES if not q.startswith("whole_step_")}, "one rule per component quantity"
+
+
+def quantity_of(row: dict) -> str | None:
+    for key, (group, test) in RULES.items():
+        if row["group"].startswith(group) and test(row["quantity"]) and row.get("unit") == "s":
+            return key
+    return None
+
+
+def ratios(row: dict) -> tuple[float, float]:
+    """measured/predicted at the row's lowest and highest run (its median when measured once)."""
+    lo, hi = row["spread"] if row.get("spread") else (row["measured"], row["measured"])
+    return lo / row["predicted"], hi / row["predicted"]
+
+
+def compute(rows: list[dict], files: str) -> dict[str, dict]:
+    """{quantity: {low, high, rows, source}} over `rows`; `files` names the data they came from."""
+    out: dict[str, dict] = {}
+    for key in RULES:
+        mine = [r for r in rows if quantity_of(r) == key and r["predicted"] > 0]
+        if not mine:
+            continue
+        lows, highs = zip(*(ratios(r) for r in mine), strict=True)
+        worst_lo = min(mine, key=lambda r: ratios(r)[0])
+        worst_hi = max(mine, key=lambda r: ratios(r)[1])
+        groups = sorted({r["group"] for r in mine})
+        out[key] = {
+            "low": round(min(min(lows), 1.0), 4), "high": round(max(max(highs), 1.0), 4), "rows": len(mine),
+            "source": (f"min..max of measured/predicted over {len(mine)} rows of bench/compare_calibration.py "
+                       f"({'; '.join(groups)}), repeated runs' min and max included; lowest: {worst_lo['quantity']}, "
+                       f"highest: {worst_hi['quantity']}; data {files}; bench/spread.py"),
+        }
+    return out
+
+
+#: Whole-step runs (bench/data/h200_train_e2e/) and the model preset each ran; the OOM run has no step.
+E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memory_saver-1g": "Qwen3-0.6B",
+            "qwen3-4b-cumem-1g_mbs2": "Qwen3-4B"}
+#: `vime train` flags a simulation does not take (the real checkpoint, prompts, reward, backend), with their arity.
+_TRAIN_ONLY = {"--backend": 1, "--hf-checkpoint": 1, "--prompt-data": 1, "--custom-rm-path": 1}
+
+
+def simulate_flags(command: str, model: str, profile: str) -> list[str]:
+    """The run's own flags (its command.txt) as `vime simulate` takes them, on `model` and `profile`."""
+    argv = command.replace("+ vime train", "").split()
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag in _TRAIN_ONLY:
+            i += 1 + _TRAIN_ONLY[flag]
+            continue
+        if flag in ("--model", "--hardware"):
+            out += [flag, model if flag == "--model" else profile]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    return out
+
+
+def whole_step_ratios(profile: str = PROFILE) -> dict[str, list[tuple[str, float]]]:
+    """{phase: [(run/step, measured/predicted)]} over the H200 runs' steps after the first."""
+    out: dict[str, list[tuple[str, float]]] = {p: [] for p in PHASES}
+    for run, model in E2E_RUNS.items():
+        folder = DATA / "h200_train_e2e" / run
+        flags = simulate_flags((folder / "command.txt").read_text(), model, profile)
+        sim = simulate(parse_args(flags, command="simulate"))
+        steady = [s for s in sim.steps if s.rollout_id >= 1]
+        predicted = {p: sum(getattr(s, f"t_{p}") for s in steady) / len(steady) for p in PHASES}
+        for line in (folder / "train.jsonl").read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") != "step" or event["rollout_id"] < 1:
+                continue
+            for p in PHASES:
+                if predicted[p] > 0:
+                    out[p].append((f"{run} step {event['rollout_id']}", event["phases"][p] / predicted[p]))
+    return out
+
+
+def whole_step_spread(profile: str = PROFILE) -> dict[str, dict]:
+    out = {}
+    for phase, ratios in whole_step_ratios(profile).items():
+        if not ratios:
+            continue
+        lo, hi = min(ratios, key=lambda r: r[1]), max(ratios, key=lambda r: r[1])
+        out[f"whole_step_{phase}"] = {
+            "low": round(min(lo[1], 1.0), 4), "high": round(max(hi[1], 1.0), 4), "rows": len(ratios),
+            "source": (f"min..max of measured/predicted {phase} over {len(ratios)} whole colocated RL steps on one "
+                       f"H200 (steps after the first of runs {', '.join(E2E_RUNS)}: bench/data/h200_train_e2e/, "
+                       f"vime train --backend real, vLLM 0.25.1, Megatron-core, trained on zero-valued weights) "
+                       f"against vime simulate of each run's own flags on {profile}; lowest: {lo[0]}, highest: "
+                       f"{hi[0]}; bench/spread.py"),
+        }
+    return out
+
+
+def measured_spread(profile: str = PROFILE) -> dict[str, dict]:
+    """The spread of `profile` from the committed H200 data (what --write records)."""
+    raw = load_raw(str(DATA / "h200_calibration.json"))
+    vllm = [json.loads((DATA / f).read_text()) for f in VLLM_FILES if (DATA / f).exists()]
+    rows = rows_for(load_hardware(profile), raw, vllm)
+    spread = compute(rows, "bench/data/h200_calibration.json and the vLLM runs (compare_calibration.VLLM_FILES)")
+    spread.update(whole_step_spread(profile))
+    return spread
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help=f"write the section into {PROFILE_FILE.name}")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the profile's section is not what the data give")
+    args = ap.parse_args()
+    spread = measured_spread()
+    for key, q in spread.items():
+        print(f"{key:20s} {q['low']:6.3f} .. {q['high']:6.3f}  ({q['rows']} rows)")
+    prof = json.loads(PROFILE_FILE.read_text())
+    if args.check:
+        if prof.get("spread") != spread:
+            print(f"{PROFILE_FILE.name}: its spread section differs from the data; run bench/spread.py --write")
+            return 1
+        print(f"{PROFILE_FILE.name}: spread section matches the data")
+    if args.write:
+        prof["spread"] = spread
+        PROFILE_FILE.write_text(json.dumps(prof, indent=2) + "\n")
+        print(f"wrote {PROFILE_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
