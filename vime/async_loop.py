@@ -16,6 +16,7 @@ overlaps training (its share is ``engine_idle_share``'s complement).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,10 @@ class AsyncStepReport(StepReport):
     stale_groups: int = 0  # fully-async: groups too stale when taken, generated again
 
     def metrics(self) -> dict[str, float]:
-        m = super().metrics()
+        # the batch may span versions ("2,3"): rollout/weight_version is the newest, async/… says how old the rest are
+        versions = [int(v) for v in (self.rollout_weight_version or "").split(",") if v.strip().isdigit()]
+        newest = str(max(versions)) if versions else None
+        m = StepReport.metrics(dataclasses.replace(self, rollout_weight_version=newest))
         m.update({"async/trainer_version": float(self.trainer_version), "async/staleness_mean": self.staleness_mean,
                   "async/staleness_max": float(self.staleness_max), "async/partial_share": self.partial_share,
                   "async/stale_groups": float(self.stale_groups), "perf/samples_per_sec": self.samples_per_s,
@@ -192,18 +196,19 @@ class AsyncOrchestrator(Orchestrator):
                                  engine_version=lambda: self.weight_version,
                                  dynamic_filter=self.rollout.dynamic_filter)
         self.producer.start()
+        before = self.producer.counts_snapshot()  # counts at the end of the last step: each step reports its own
         try:
             for n, rid in enumerate(ids):
                 report, times = self._begin(rid)
-                before = self.producer.counts_snapshot()
                 async with self._phase("rollout", rid, times):
                     groups = await self.producer.take()
                 report.lost_engines, report.restarted_engines = await self._check_engines(rid)
-                out = RolloutOutput(groups, self._stats(rid, groups, before))
+                out = RolloutOutput(groups, RolloutStats(rid, len(groups), self.data_source.n_samples_per_prompt))
                 trained = await self._train_step(rid, report, times, out)
                 await self.publish(rid, times, last=n + 1 == len(ids))
-                out.stats.returned_groups = self.producer.counts.returned_groups - before.returned_groups
+                out = RolloutOutput(groups, self._stats(rid, groups, before))
                 report.stale_groups = self.producer.counts.stale_groups - before.stale_groups
+                before = self.producer.counts_snapshot()
                 self._end(report, times, out, trained, steps, on_step)
         finally:
             if not self.producer.stopped:
@@ -250,10 +255,35 @@ class AsyncOrchestrator(Orchestrator):
         n = len(groups[0]) if groups else self.data_source.n_samples_per_prompt
         stats = RolloutStats(rid, len(groups), n, submitted_groups=counts.admitted_groups - before.admitted_groups,
                              kept_groups=len(groups), dropped_groups=counts.dropped_groups - before.dropped_groups,
-                             request_errors=counts.request_errors - before.request_errors)
+                             request_errors=counts.request_errors - before.request_errors,
+                             returned_groups=counts.returned_groups + counts.stale_groups
+                             - before.returned_groups - before.stale_groups)
         stats.generated_samples = (len(groups) + stats.dropped_groups) * n
         for s in (s for g in groups for s in g):
             stats.response_tokens += s.response_length
             stats.max_response_length = max(stats.max_response_length, s.response_length)
             stats.truncated_samples += s.status is SampleStatus.TRUNCATED
         return stats
+
+
+def async_summary(steps: list[Any]) -> dict[str, Any] | None:
+    """The run's asynchrony figures (``--json``'s "async"): over every step, and in steady state (after the first,
+    which also waits for the first rollout); None for the seed's synchronous steps."""
+    steps = [s for s in steps if isinstance(s, AsyncStepReport)]
+    if not steps:
+        return None
+
+    def over(part: list[AsyncStepReport]) -> dict[str, float]:
+        t = sum(s.t_step for s in part)
+        n = sum(s.num_samples for s in part)
+        return {"steps": len(part), "t_step": t / len(part) if part else 0.0,
+                "samples_per_s": n / t if t > 0 else 0.0,
+                "tokens_per_s": sum(s.tokens_per_s * s.t_step for s in part) / t if t > 0 else 0.0,
+                "engine_idle_share": sum(s.engine_idle_share * s.t_step for s in part) / t if t > 0 else 0.0,
+                "trainer_idle_share": sum(s.trainer_idle_share * s.t_step for s in part) / t if t > 0 else 0.0,
+                "staleness_mean": sum(s.staleness_mean * s.num_samples for s in part) / n if n else 0.0,
+                "staleness_max": max((s.staleness_max for s in part), default=0),
+                "partial_share": sum(s.partial_share * s.num_samples for s in part) / n if n else 0.0,
+                "stale_groups": sum(s.stale_groups for s in part)}
+
+    return {"mode": steps[0].async_mode, "all": over(steps), "steady": over(steps[1:])}

@@ -50,6 +50,10 @@ SIMULATE_SCHEMA: dict[str, Any] = {
             "fix_results": {"type": "array", "items": {"type": "object", "required": ["fix", "changes", "fits", "result"],
                                                         "properties": {"fits": {"type": "boolean"},
                                                                        "t_step_s": {"type": ["number", "null"]}}}}}},
+        "async": {"type": "object", "required": ["mode", "all", "steady"], "properties": {
+            "mode": {"enum": ["one-step-off", "fully-async"]},
+            "all": {"type": "object", "additionalProperties": _NUM},
+            "steady": {"type": "object", "additionalProperties": _NUM}}},
         "wall_s": _NUM,
     },
 }
