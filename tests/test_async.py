@@ -215,7 +215,7 @@ def test_document_reports_the_asynchrony_and_the_sums_hold():
     sim = simulate(async_args("fully-async", num_rollout=4))
     doc = build_document(sim, deterministic=True)
     a = doc["async"]
-    assert a["mode"] == "fully-async" and a["all"]["steps"] == 4 and a["steady"]["steps"] == 3
+    assert a["mode"] == "fully-async" and a["all"]["steps"] == 4 and a["warmup_steps"] == 2 and a["steady"]["steps"] == 2
     assert 0 < a["all"]["engine_idle_share"] < 1 and 0 < a["all"]["trainer_idle_share"] < 1
     assert a["all"]["samples_per_s"] == pytest.approx(4 * 256 / sum(s.t_step for s in sim.steps), rel=1e-5)
     for s in sim.steps:

@@ -266,12 +266,19 @@ class AsyncOrchestrator(Orchestrator):
         return stats
 
 
-def async_summary(steps: list[Any]) -> dict[str, Any] | None:
-    """The run's asynchrony figures (``--json``'s "async"): over every step, and in steady state (after the first,
-    which also waits for the first rollout); None for the seed's synchronous steps."""
+def warmup_steps(async_rl: AsyncConfig) -> int:
+    """Steps before steady state: the first waits for the first rollout; a fully-async producer also fills its
+    pipeline (up to max_staleness + 1 batches) during it, which the next max_staleness steps drain without waiting."""
+    return 1 if async_rl.async_mode != "fully-async" else async_rl.max_staleness + 1
+
+
+def async_summary(steps: list[Any], async_rl: AsyncConfig | None = None) -> dict[str, Any] | None:
+    """The run's asynchrony figures (``--json``'s "async"): over every step, and in steady state (after
+    `warmup_steps`); None for the seed's synchronous steps."""
     steps = [s for s in steps if isinstance(s, AsyncStepReport)]
     if not steps:
         return None
+    warmup = warmup_steps(async_rl) if async_rl is not None else 1
 
     def over(part: list[AsyncStepReport]) -> dict[str, float]:
         t = sum(s.t_step for s in part)
@@ -286,4 +293,4 @@ def async_summary(steps: list[Any]) -> dict[str, Any] | None:
                 "partial_share": sum(s.partial_share * s.num_samples for s in part) / n if n else 0.0,
                 "stale_groups": sum(s.stale_groups for s in part)}
 
-    return {"mode": steps[0].async_mode, "all": over(steps), "steady": over(steps[1:])}
+    return {"mode": steps[0].async_mode, "warmup_steps": warmup, "all": over(steps), "steady": over(steps[warmup:])}

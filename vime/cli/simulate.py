@@ -71,7 +71,7 @@ def _async_lines(a: dict[str, Any] | None) -> list[str]:
     """--async-mode one-step-off / fully-async: staleness, throughput and idle shares, all steps and steady state."""
     if not a:
         return []
-    lines = ["", f"Asynchrony ({a['mode']}; steady state: the steps after the first)"]
+    lines = ["", f"Asynchrony ({a['mode']}; steady state: the steps after the first {a['warmup_steps']})"]
     for label, p in (("all steps", a["all"]), ("steady state", a["steady"])):
         if not p["steps"]:
             continue

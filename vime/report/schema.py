@@ -51,7 +51,7 @@ SIMULATE_SCHEMA: dict[str, Any] = {
                                                         "properties": {"fits": {"type": "boolean"},
                                                                        "t_step_s": {"type": ["number", "null"]}}}}}},
         "async": {"type": "object", "required": ["mode", "all", "steady"], "properties": {
-            "mode": {"enum": ["one-step-off", "fully-async"]},
+            "mode": {"enum": ["one-step-off", "fully-async"]}, "warmup_steps": {"type": "integer"},
             "all": {"type": "object", "additionalProperties": _NUM},
             "steady": {"type": "object", "additionalProperties": _NUM}}},
         "wall_s": _NUM,

@@ -138,7 +138,7 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
         "memory": _memory(sim),
         "verdict": _verdict(sim),
     }
-    summary = async_summary(sim.steps)
+    summary = async_summary(sim.steps, sim.args.async_rl)
     if summary is not None:  # --async-mode one-step-off / fully-async only: the seed's document is unchanged
         doc["async"] = {k: {n: _r(x, 6) for n, x in v.items()} if isinstance(v, dict) else v for k, v in summary.items()}
     if calls is not None:
