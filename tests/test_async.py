@@ -39,11 +39,12 @@ class GenerateLog(Recording):
         return generate
 
 
-def run_logged(args: Any) -> tuple[Any, list[tuple[Any, ...]], list[Any], dict[str, int]]:
+def run_logged(args: Any, counts: dict[str, int] | None = None) -> tuple[Any, list[tuple[Any, ...]], list[Any], dict[str, int]]:
     """Run `args` with every protocol call, the orchestrator's notes and the data source's traffic in one log."""
     log: list[tuple[Any, ...]] = []
     batches: list[Any] = []
-    counts = {"taken": 0, "returned": 0}
+    counts = counts if counts is not None else {}
+    counts.update(taken=0, returned=0)
     backends = build_sim_backends(args, start=False)
     source = sim_data_source(args, backends)
     get, add = source.get_samples, source.add_samples
@@ -67,7 +68,10 @@ def run_logged(args: Any) -> tuple[Any, list[tuple[Any, ...]], list[Any], dict[s
         await backends.start()
         return await orch.run()
 
-    report = clock.run(main(), env=backends.env)
+    try:
+        report = clock.run(main(), env=backends.env)
+    finally:
+        counts["trained"] = len(batches)  # batches trained, also when the run stopped with an error
     return report, log, batches, counts
 
 
@@ -203,6 +207,22 @@ def test_fully_async_regenerates_stale_groups_and_loses_none():
     assert counts["taken"] == sum(len(set(b.group_indices)) for b in batches) + counts["returned"]
 
 
+def reward_failing_on_group_40(args: Any, sample: Any) -> float:
+    """A --custom-rm-path reward whose server fails on one group (read by the test below)."""
+    if sample.group_index == 40:
+        raise RuntimeError("reward server down for group 40")
+    return float((sample.index or 0) % 2)
+
+
+def test_an_error_in_the_producer_stops_the_run_and_hands_every_group_back():
+    args = async_args("fully-async", num_rollout=4, custom_rm_path="test_async.reward_failing_on_group_40")
+    counts: dict[str, int] = {}
+    with pytest.raises(RuntimeError, match="group 40"):
+        run_logged(args, counts)
+    trained = 32 * counts.pop("trained", 0)
+    assert counts["taken"] > 40 and counts["taken"] == counts["returned"] + trained
+
+
 @pytest.mark.parametrize("mode", ["one-step-off", "fully-async"])
 def test_same_seed_same_reports_another_seed_differs(mode: str):
     def doc(seed: int) -> str:
@@ -256,9 +276,17 @@ def test_async_flags_are_checked_at_parse_time(argv: list[str], words: list[str]
     assert "\n" not in str(e.value) and all(w in str(e.value) for w in words)
 
 
-def test_the_real_backend_refuses_async_modes_naming_the_way_out():
+def test_the_real_backend_refuses_fully_async_naming_the_way_out():
     with pytest.raises(ConfigError) as e:
-        parse_args(["--async-mode", "one-step-off", "--no-colocate", "--rollout-num-gpus", "8",
+        parse_args(["--async-mode", "fully-async", "--no-colocate", "--rollout-num-gpus", "8",
                     "--update-weight-mode", "disk", "--hf-checkpoint", "/nonexistent"], command="train")
     msg = str(e.value)
-    assert "--async-mode one-step-off" in msg and "--backend real" in msg and "--backend sim" in msg and "sync" in msg
+    assert "--async-mode fully-async" in msg and "--backend real" in msg and "--backend sim" in msg and "sync" in msg
+
+
+def test_the_real_backend_takes_one_step_off_with_engines_apart():
+    argv = ["--async-mode", "one-step-off", "--no-colocate", "--rollout-num-gpus", "8"]
+    args = parse_args([*argv, "--dry-run"], command="train")
+    assert args.backend == "real" and args.async_mode == "one-step-off" and args.update_weight_mode == "disk"
+    with pytest.raises(ConfigError, match="--no-colocate"):
+        parse_args(["--async-mode", "one-step-off", "--dry-run"], command="train")
