@@ -276,17 +276,9 @@ def test_async_flags_are_checked_at_parse_time(argv: list[str], words: list[str]
     assert "\n" not in str(e.value) and all(w in str(e.value) for w in words)
 
 
-def test_the_real_backend_refuses_fully_async_naming_the_way_out():
-    with pytest.raises(ConfigError) as e:
-        parse_args(["--async-mode", "fully-async", "--no-colocate", "--rollout-num-gpus", "8",
-                    "--update-weight-mode", "disk", "--hf-checkpoint", "/nonexistent"], command="train")
-    msg = str(e.value)
-    assert "--async-mode fully-async" in msg and "--backend real" in msg and "--backend sim" in msg and "sync" in msg
-
-
-def test_the_real_backend_takes_one_step_off_with_engines_apart():
-    argv = ["--async-mode", "one-step-off", "--no-colocate", "--rollout-num-gpus", "8"]
-    args = parse_args([*argv, "--dry-run"], command="train")
-    assert args.backend == "real" and args.async_mode == "one-step-off" and args.update_weight_mode == "disk"
+@pytest.mark.parametrize("mode", ["one-step-off", "fully-async"])
+def test_the_real_backend_takes_the_async_modes_with_engines_apart(mode: str):
+    args = parse_args(["--async-mode", mode, "--no-colocate", "--rollout-num-gpus", "8", "--dry-run"], command="train")
+    assert args.backend == "real" and args.async_mode == mode and args.update_weight_mode == "disk"
     with pytest.raises(ConfigError, match="--no-colocate"):
-        parse_args(["--async-mode", "one-step-off", "--dry-run"], command="train")
+        parse_args(["--async-mode", mode, "--dry-run"], command="train")

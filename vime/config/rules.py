@@ -169,9 +169,6 @@ def _asynchrony(v: dict[str, Any], given: set[str]) -> None:
     _need(v["max_staleness"] >= 0, f"--max-staleness must be ≥ 0, got {v['max_staleness']}")
     if mode == "sync":
         return
-    _need(v["backend"] != "real" or mode == "one-step-off",
-          f"--async-mode {mode} is not implemented on --backend real yet; use `vime simulate` (or --backend sim) "
-          f"for it, or --async-mode one-step-off / sync on the real backend")
     _need(not v["colocate"],
           f"--async-mode {mode} overlaps rollout and training, so the engines need GPUs of their own: pass "
           f"--no-colocate --rollout-num-gpus N, or --async-mode sync")
