@@ -282,3 +282,29 @@ def test_the_real_backend_takes_the_async_modes_with_engines_apart(mode: str):
     assert args.backend == "real" and args.async_mode == mode and args.update_weight_mode == "disk"
     with pytest.raises(ConfigError, match="--no-colocate"):
         parse_args(["--async-mode", mode, "--dry-run"], command="train")
+
+
+def test_the_simulated_engine_continues_a_resumed_response_where_the_whole_would_end():
+    from vime.protocols import GenerateRequest
+    from vime.sim.engine.server import resumed_tokens
+
+    assert (resumed_tokens("a3-s17@120"), resumed_tokens("a3-s17"), resumed_tokens(None), resumed_tokens("x@y")) == \
+        (120, 0, 0, 0)
+    args = async_args("fully-async")
+    backends = build_sim_backends(args, start=False)
+    engine = backends.engines[0]
+
+    async def main() -> list[int]:
+        await backends.start()
+        prompt = list(range(1, 65))
+        whole = await engine.generate(GenerateRequest(prompt, {"max_tokens": 1024}, request_id="a0-s1"))
+        n = len(whole.token_ids)
+        done = n // 2
+        rest = await engine.generate(GenerateRequest(prompt + list(whole.token_ids[:done]), {"max_tokens": 1024 - done},
+                                                     request_id=f"a0-s1@{done}"))
+        other = await engine.generate(GenerateRequest(prompt, {"max_tokens": 1024}, request_id="a1-s1"))
+        return [n, done, len(rest.token_ids), len(other.token_ids)]
+
+    n, done, rest, other = clock.run(main(), env=backends.env)
+    assert n > 2 and rest == n - done  # the two spans make the response the uninterrupted request gets
+    assert other != n  # another admission of the sample draws its own length
