@@ -308,3 +308,17 @@ def test_the_simulated_engine_continues_a_resumed_response_where_the_whole_would
     n, done, rest, other = clock.run(main(), env=backends.env)
     assert n > 2 and rest == n - done  # the two spans make the response the uninterrupted request gets
     assert other != n  # another admission of the sample draws its own length
+
+
+def test_a_sweep_over_the_modes_ranks_them_by_their_steady_state():
+    from vime.runs.sweep import parse_sweep, simulate_point
+
+    base = parse_args(["--no-colocate", "--rollout-num-gpus", "8", "--num-rollout", "4"], command="simulate")
+    points = parse_sweep(["async-mode=sync,one-step-off,fully-async"])
+    assert [p["async_mode"] for p in points] == ["sync", "one-step-off", "fully-async"]
+    results = {p["async_mode"]: simulate_point(base, p) for p in points}
+    assert all(r.valid and r.fits for r in results.values())
+    for mode, warmup in (("sync", 0), ("one-step-off", 1), ("fully-async", 2)):
+        steps = simulate(base.replace(async_mode=mode)).steps[warmup:]
+        assert results[mode].t_step == pytest.approx(sum(s.t_step for s in steps) / len(steps), abs=1e-6)
+        assert "--async-mode" in results[mode].argv or mode == "sync"

@@ -267,9 +267,12 @@ class AsyncOrchestrator(Orchestrator):
 
 
 def warmup_steps(async_rl: AsyncConfig) -> int:
-    """Steps before steady state: the first waits for the first rollout; a fully-async producer also fills its
-    pipeline (up to max_staleness + 1 batches) during it, which the next max_staleness steps drain without waiting."""
-    return 1 if async_rl.async_mode != "fully-async" else async_rl.max_staleness + 1
+    """Steps before steady state: none for the seed's step; the first waits for the first rollout; a fully-async
+    producer also fills its pipeline (up to max_staleness + 1 batches) during it, which the next max_staleness
+    steps drain without waiting."""
+    if async_rl.async_mode == "sync":
+        return 0
+    return 1 if async_rl.async_mode == "one-step-off" else async_rl.max_staleness + 1
 
 
 def async_summary(steps: list[Any], async_rl: AsyncConfig | None = None) -> dict[str, Any] | None:
