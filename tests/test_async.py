@@ -269,6 +269,10 @@ def test_partial_metadata_does_not_outlive_a_hand_back():
      ["--eval-interval", "--async-mode sync"]),
     (["--async-mode", "fully-async", "--no-colocate", "--rollout-num-gpus", "8", "--max-staleness", "-1"],
      ["--max-staleness"]),
+    (["--async-mode", "fully-async", "--no-colocate", "--rollout-num-gpus", "8", "--over-sampling-batch-size", "64"],
+     ["--over-sampling-batch-size", "one-step-off"]),
+    (["--async-mode", "fully-async", "--no-colocate", "--rollout-num-gpus", "8", "--custom-generate-function-path",
+      "test_async.reward_failing_on_group_40"], ["--custom-generate-function-path", "one-step-off"]),
 ])
 def test_async_flags_are_checked_at_parse_time(argv: list[str], words: list[str]):
     with pytest.raises(ConfigError) as e:

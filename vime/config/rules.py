@@ -180,6 +180,12 @@ def _asynchrony(v: dict[str, Any], given: set[str]) -> None:
                                f"--async-mode sync")
     if mode != "fully-async":
         return
+    # the producer admits one group at a time and generates each sample itself, with partial rollout
+    for name, why in (("over_sampling_batch_size", "admits one group at a time under --max-staleness"),
+                      ("custom_generate_function_path", "generates each sample itself, resuming it across updates")):
+        _need(name not in given or v[name] is None,
+              f"{_flags_of(name)} does not act with --async-mode fully-async (its producer {why}); drop it or use "
+              f"--async-mode one-step-off or sync")
     # abort-resume aborts at every update, which is what a flushing publication does (seed step 46)
     if v["partial_rollout"] == "abort-resume":
         _need(v["flush_cache_interval"] == 1,
