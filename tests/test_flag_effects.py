@@ -170,6 +170,10 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "update_weight_dir": Effect(("--update-weight-dir", "{dir}/weights"), P.weights_path,
                                 base=("--update-weight-mode", "disk")),
     "flush_cache_interval": Effect(("--flush-cache-interval", "0"), P.calls),
+    # asynchronous RL (issue 22): the loops run the same on the simulated and the real backends
+    "async_mode": Effect(("--async-mode", "one-step-off"), P.calls, base=DISAGG),
+    "max_staleness": Effect(("--max-staleness", "2"), P.calls, base=(*DISAGG, "--async-mode", "fully-async")),
+    "partial_rollout": Effect(("--partial-rollout", "keep"), P.calls, base=(*DISAGG, "--async-mode", "fully-async")),
     "ray_address": Effect(("--ray-address", "127.0.0.1:6379"), P.ray_address),
     # simulator inputs: on the real backend only --compare-sim's simulation reads them
     "hardware": Refused(("--hardware", "H200-141G"), "--compare-sim"),
@@ -275,6 +279,8 @@ def check(dest: str, entry: Effect | Refused | Output, paths: dict[str, str]) ->
     assert set(entry.argv) & set(flags), f"{dest}'s entry does not pass its own flag {flags}"
     before = entry.probe(_parse(paths, entry.base, entry.drop))
     after = entry.probe(_parse(paths, entry.base + entry.argv, entry.drop))
+    for side, result in (("without", before), ("with", after)):  # a failed run differs by its message alone
+        assert not (isinstance(result, tuple) and result[:1] == ("error",)), f"{side} {' '.join(entry.argv)}: {result}"
     assert after != before, f"{' '.join(entry.argv)} changes nothing {getattr(entry.probe, '__name__', '')} sees"
 
 

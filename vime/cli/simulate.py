@@ -56,6 +56,7 @@ def format_text(doc: dict[str, Any]) -> str:
               f"   longest sample {r['longest_sample_tokens']} tokens",
               f"  engine busy {100 * r['engine_busy_share']:.0f} % of rollout   KV blocks peak {r['kv_blocks_peak']:,} of "
               f"{r['kv_blocks_total']:,} ({100 * r['kv_blocks_used_share']:.0f} %)   preemptions {r['preemptions']}"]
+    lines += _async_lines(doc.get("async"))
     lines += ["", "Peak memory per GPU (GiB, at the moment of the GPU's peak)"]
     for g in doc["memory"]["gpus"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in g["by_owner_tag_gib"].items())
@@ -78,6 +79,23 @@ def format_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+
+
+def _async_lines(a: dict[str, Any] | None) -> list[str]:
+    """--async-mode one-step-off / fully-async: staleness, throughput and idle shares, all steps and steady state."""
+    if not a:
+        return []
+    lines = ["", f"Asynchrony ({a['mode']}; steady state: the steps after the first {a['warmup_steps']})"]
+    for label, p in (("all steps", a["all"]), ("steady state", a["steady"])):
+        if not p["steps"]:
+            continue
+        lines.append(f"  {label:<13} T_step {p['t_step']:7.3f} s   {p['samples_per_s']:7.1f} samples/s   "
+                     f"{p['tokens_per_s']:9,.0f} tokens/s   engines idle {100 * p['engine_idle_share']:4.1f} %   "
+                     f"trainer idle {100 * p['trainer_idle_share']:4.1f} %")
+        lines.append(f"  {'':<13} staleness mean {p['staleness_mean']:.2f} max {p['staleness_max']:.0f} versions   "
+                     f"partially regenerated {100 * p['partial_share']:.1f} %   stale groups regenerated "
+                     f"{p['stale_groups']:.0f}")
+    return lines
 
 
 def run_simulate(args: Any) -> int:

@@ -27,6 +27,10 @@ def format_step(report: StepReport) -> str:
         extra += "  LOST " + ",".join(report.lost_engines)
         if report.restarted_engines:
             extra += " (restarted " + ",".join(report.restarted_engines) + ")"
+    if hasattr(report, "staleness_mean"):  # --async-mode one-step-off / fully-async (vime.async_loop.AsyncStepReport)
+        extra += (f"  staleness {report.staleness_mean:.2f}/{report.staleness_max}  partial {100 * report.partial_share:.0f}%"
+                  f"  {report.samples_per_s:.1f} samples/s  idle engines {100 * report.engine_idle_share:.0f}%"
+                  f" trainer {100 * report.trainer_idle_share:.0f}%")
     r = report.rollout
     return (f"step {report.rollout_id:>4}  T_step {report.t_step:9.3f}s  {phases}{extra}  gap {report.t_gap:.3f}s"
             f"  | v{report.rollout_weight_version}→v{report.published_version}"

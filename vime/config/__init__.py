@@ -32,6 +32,7 @@ from vime.config.options import (
     LOSS_TYPES,
     ROUTER_POLICIES,
     AlgoConfig,
+    AsyncConfig,
     ClusterConfig,
     DataConfig,
     DerivedConfig,
@@ -52,7 +53,7 @@ from vime.config.rules import SIMULATE_DEFAULT_NUM_ROLLOUT
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "COMMANDS", "DEFAULT_PROMPT_MIN_FRACTION", "DEFAULT_RESPONSE_MEDIAN_FRACTION",
     "DEFAULT_RESPONSE_SIGMA", "GROUPS", "LOSS_TYPES", "ROUTER_POLICIES", "SIMULATE_DEFAULT_NUM_ROLLOUT",
-    "AlgoConfig", "Args", "ClusterConfig", "DataConfig", "DerivedConfig", "EngineConfig", "GiB", "LengthSpec", "LoggingConfig",
+    "AlgoConfig", "Args", "AsyncConfig", "ClusterConfig", "DataConfig", "DerivedConfig", "EngineConfig", "GiB", "LengthSpec", "LoggingConfig",
     "OutputConfig", "ParallelConfig", "RolloutConfig", "SimConfig", "TrainConfig", "WeightSyncConfig",
     "build_parser", "default_prompt_spec", "default_response_spec", "defaults", "parse_args", "parse_bytes",
     "parse_length_spec",

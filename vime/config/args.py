@@ -14,6 +14,7 @@ from vime.config.options import (
     COMMANDS,
     GROUPS,
     AlgoConfig,
+    AsyncConfig,
     ClusterConfig,
     DataConfig,
     DerivedConfig,
@@ -53,6 +54,7 @@ class Args:
     sim: SimConfig
     output: OutputConfig
     logging: LoggingConfig
+    async_rl: AsyncConfig
     derived: DerivedConfig
 
     def __init__(self, groups: dict[str, Any]) -> None:

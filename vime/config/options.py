@@ -316,6 +316,24 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class AsyncConfig:
+    """Asynchronous RL (issue 22): whether rollout and training overlap on separate GPUs, and how stale a sample may be."""
+
+    title: ClassVar[str] = "async"
+    async_mode: str = opt("sync", "sync: the seed's step (rollout, then train, then publish); one-step-off: rollout "
+                                  "k+1 runs while the trainer trains on rollout k; fully-async: a continuous producer "
+                                  "keeps the engines busy and the trainer takes full batches (both need --no-colocate)",
+                          choices=("sync", "one-step-off", "fully-async"))
+    max_staleness: int = opt(1, "--async-mode fully-async: most weight versions a trained sample may lag the trainer "
+                                "(older samples are regenerated)", type=int)
+    partial_rollout: str = opt("abort-resume", "--async-mode fully-async, at a weight update: abort-resume aborts "
+                                               "in-flight requests and resumes them under the new weights (the response "
+                                               "keeps one weight version per span); keep freezes them and finishes "
+                                               "them under the new weights (no cache flush)",
+                               choices=("abort-resume", "keep"))
+
+
+@dataclass(frozen=True)
 class DerivedConfig:
     """Values computed once from the options (seed steps 1, 2, 18, 31); not flags."""
 
@@ -330,11 +348,12 @@ class DerivedConfig:
 
 
 GROUPS: tuple[Any, ...] = (ClusterConfig, ParallelConfig, TrainConfig, RolloutConfig, DataConfig,
-                            AlgoConfig, EngineConfig, WeightSyncConfig, SimConfig, OutputConfig, LoggingConfig)
+                            AlgoConfig, EngineConfig, WeightSyncConfig, SimConfig, OutputConfig, LoggingConfig, AsyncConfig)
 
 _GROUP_ATTR = {ClusterConfig: "cluster", ParallelConfig: "parallel", TrainConfig: "train",
                RolloutConfig: "rollout", DataConfig: "data", AlgoConfig: "algo", EngineConfig: "engine",
                WeightSyncConfig: "weight_sync", SimConfig: "sim", OutputConfig: "output", LoggingConfig: "logging",
+               AsyncConfig: "async_rl",
                DerivedConfig: "derived"}
 
 # name -> group attribute, for flat access (args.rollout_batch_size). Names must be unique.

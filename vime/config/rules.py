@@ -62,6 +62,7 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
     check_backend(v, set(raw))
     actor_gpus, engines = _placement(v)
     _real_placement(v, set(raw))
+    _asynchrony(v, set(raw))
     dp = _parallelism(v)
     _batches(v)
     _lengths(v)
@@ -164,6 +165,47 @@ def _real_placement(v: dict[str, Any], given: set[str]) -> None:
           "--update-weight-mode disk (a directory every node can read), or --colocate, or --backend sim "
           "(the simulator models the NCCL broadcast)")
     v["update_weight_mode"] = "disk"
+
+
+def _asynchrony(v: dict[str, Any], given: set[str]) -> None:
+    """--async-mode and its companions (issue 22): the modes overlap rollout and training, so they need GPUs apart."""
+    mode = v["async_mode"]
+    for name in ("max_staleness", "partial_rollout"):
+        _need(name not in given or mode == "fully-async",
+              f"{_flags_of(name)} only acts with --async-mode fully-async (got --async-mode {mode}); drop it or "
+              f"pass --async-mode fully-async")
+    _need(v["max_staleness"] >= 0, f"--max-staleness must be ≥ 0, got {v['max_staleness']}")
+    if mode == "sync":
+        return
+    _need(not v["colocate"],
+          f"--async-mode {mode} overlaps rollout and training, so the engines need GPUs of their own: pass "
+          f"--no-colocate --rollout-num-gpus N, or --async-mode sync")
+    for name in ("offload_train", "offload_rollout"):
+        _need(not v[name], f"{_flags_of(name)} contradicts --async-mode {mode}: trainer and engines stay awake to "
+                           f"overlap; drop {_flags_of(name)} or use --async-mode sync")
+    for name in ("eval_interval", "save_interval"):
+        _need(v[name] is None, f"{_flags_of(name)} is not supported with --async-mode {mode} yet; drop it or use "
+                               f"--async-mode sync")
+    if mode != "fully-async":
+        return
+    # the producer admits one group at a time and generates each sample itself, with partial rollout
+    for name, why in (("over_sampling_batch_size", "admits one group at a time under --max-staleness"),
+                      ("custom_generate_function_path", "generates each sample itself, resuming it across updates")):
+        _need(name not in given or v[name] is None,
+              f"{_flags_of(name)} does not act with --async-mode fully-async (its producer {why}); drop it or use "
+              f"--async-mode one-step-off or sync")
+    # abort-resume aborts at every update, which is what a flushing publication does (seed step 46)
+    if v["partial_rollout"] == "abort-resume":
+        _need(v["flush_cache_interval"] == 1,
+              f"--partial-rollout abort-resume aborts in-flight requests at every weight update, which flushes the "
+              f"caches every version: leave --flush-cache-interval at 1 (got {v['flush_cache_interval']}) or pass "
+              f"--partial-rollout keep")
+    else:
+        _need("flush_cache_interval" not in given or v["flush_cache_interval"] <= 0,
+              f"--partial-rollout keep freezes requests across a weight update, and a cache flush would abort them: "
+              f"drop --flush-cache-interval {v['flush_cache_interval']} (keep publishes without flushing) or pass "
+              f"--partial-rollout abort-resume")
+        v["flush_cache_interval"] = 0
 
 
 def _parallelism(v: dict[str, Any]) -> int:

@@ -61,6 +61,10 @@ SIMULATE_SCHEMA: dict[str, Any] = {
             "t_step": {"oneOf": [{"type": "null"}, {"type": "object", "required": ["low_s", "high_s", "unbanded"]}]},
             "quantities": {"type": "object", "additionalProperties": {
                 "type": "object", "required": ["low", "high", "rows", "source"]}}}},
+        "async": {"type": "object", "required": ["mode", "all", "steady"], "properties": {
+            "mode": {"enum": ["one-step-off", "fully-async"]}, "warmup_steps": {"type": "integer"},
+            "all": {"type": "object", "additionalProperties": _NUM},
+            "steady": {"type": "object", "additionalProperties": _NUM}}},
         "wall_s": _NUM,
     },
 }

@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from vime import __version__
+from vime.async_loop import async_summary
 from vime.orchestrator import PHASES, StepReport
 from vime.runs.sim import Simulation
 from vime.sim.spread import uncertainty
@@ -68,6 +69,8 @@ def _rollout_figures(sim: Simulation) -> dict[str, Any]:
     steps = sim.steps
     n = max(1, len(steps))
     t_rollout = sum(s.t_rollout for s in steps)
+    if async_summary(steps) is not None:  # rollout overlaps training: the engines generate through the whole step
+        t_rollout = sum(s.t_step for s in steps)
     tokens = sum(s.rollout.get("response_tokens", 0) for s in steps)
     rollout_gpus = int(sim.args.rollout_num_gpus)
     total = stats.get("kv_blocks_total", 0) or 0
@@ -146,6 +149,9 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
     summary = doc["summary"]
     doc["uncertainty"] = uncertainty(hw.name, hw.spread, {p: v["seconds"] for p, v in summary["phases"].items()},
                                      summary["t_step"])
+    asynchrony = async_summary(sim.steps, sim.args.async_rl)
+    if asynchrony is not None:  # --async-mode one-step-off / fully-async only: the seed's document is unchanged
+        doc["async"] = {k: {n: _r(x, 6) for n, x in v.items()} if isinstance(v, dict) else v for k, v in asynchrony.items()}
     if calls is not None:
         if doc["startup"] is not None:
             doc["startup"]["calls"] = [e.to_dict() for e in calls.sequence("startup")]

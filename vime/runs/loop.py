@@ -37,7 +37,14 @@ def build_batch_builder(args: Any) -> BatchBuilder:
 def build_orchestrator(args: Any, *, engines: Sequence[RolloutEngine], router: Router, trainer: Trainer,
                        data_source: Any, rollout: Rollout, observers: Sequence[StepObserver] = (),
                        eval_sources: Mapping[str, EvalSet] | None = None) -> Orchestrator:
-    """The RL loop over these backends."""
+    """The RL loop over these backends (`vime.async_loop` with --async-mode one-step-off / fully-async)."""
+    if args.async_mode != "sync":
+        from vime.async_loop import AsyncOrchestrator
+
+        return AsyncOrchestrator(args.train, args.cluster, args.weight_sync, async_rl=args.async_rl, engines=engines,
+                                 router=router, trainer=trainer, data_source=data_source, rollout=rollout,
+                                 batch_builder=build_batch_builder(args), observers=observers,
+                                 eval_sources=eval_sources)
     return Orchestrator(args.train, args.cluster, args.weight_sync, engines=engines, router=router, trainer=trainer,
                         data_source=data_source, rollout=rollout, batch_builder=build_batch_builder(args),
                         observers=observers, eval_sources=eval_sources)

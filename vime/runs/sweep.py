@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
+from vime.async_loop import warmup_steps
 from vime.config import Args, build_parser
 from vime.errors import ConfigError, Interrupted, VimeError
 from vime.runs.sim import simulate
@@ -178,9 +179,12 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
         return res
     res.fits = sim.fits
     if sim.steps:
-        n = len(sim.steps)
-        res.t_step = round(sum(s.t_step for s in sim.steps) / n, 6)
-        res.phases = {p: round(sum(s.phases()[p] for s in sim.steps) / n, 6) for p in sim.steps[0].phases()}
+        # async modes: their warm-up steps (the first rollout, a fully-async pipeline's fill) left out when there are more
+        warmup = warmup_steps(args.async_rl)
+        steps = sim.steps[warmup:] if len(sim.steps) > warmup else sim.steps
+        n = len(steps)
+        res.t_step = round(sum(s.t_step for s in steps) / n, 6)
+        res.phases = {p: round(sum(s.phases()[p] for s in steps) / n, 6) for p in steps[0].phases()}
     peaks = sim.backends.recorder.gpu_peaks
     res.peak_gib = round(max((p.bytes for g, p in peaks.items() if g >= 0), default=0) / GiB, 3)
     res.capacity_gib = round(min((int(g.capacity) for g in sim.backends.gpus), default=0) / GiB, 3)

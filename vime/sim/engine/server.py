@@ -143,8 +143,12 @@ class SimEngine:
         await pause_for(self.env, half)
         self._alive("generate")  # the server may have died while the request was on its way in
         key = _sample_key(request, self.lengths)
+        done = resumed_tokens(request.request_id)
         if (request.sampling_params or {}).get("ignore_eos"):
             draw = LengthDraw(max_tokens, "length")  # vLLM generates until max_tokens
+        elif done:  # a resumed response (partial rollout) ends where the whole response would have
+            whole = self.lengths.response(key, max_tokens + done)
+            draw = LengthDraw(max(1, whole.length - done), whole.finish_reason)
         else:
             draw = self.lengths.response(key, max_tokens)
         self._seq += 1
@@ -362,10 +366,16 @@ class SimEngine:
         self._log("restart")
 
 
+def resumed_tokens(request_id: str | None) -> int:
+    """Tokens a resumed request's sample already has: ids ``ID@N`` continue the response of ``ID`` after N tokens."""
+    tail = (request_id or "").rpartition("@")[2]
+    return int(tail) if "@" in (request_id or "") and tail.isdigit() else 0
+
+
 def _sample_key(request: GenerateRequest, lengths: LengthSampler) -> str:
     """What identifies the sample for its length and tokens, independent of scheduling order."""
     if request.request_id:
-        return f"id:{request.request_id}"
+        return f"id:{request.request_id.rpartition('@')[0] or request.request_id}"
     if request.session_id:
         return f"session:{request.session_id}"
     return lengths.auto_key(request.token_ids)
