@@ -128,12 +128,32 @@ def _placement(v: dict[str, Any]) -> tuple[int, int]:
               "--no-colocate needs --rollout-num-gpus N (GPUs for the engines, apart from the trainer's)")
         v["offload_train"] = bool(v["offload_train"])
         v["offload_rollout"] = bool(v["offload_rollout"])
+    _offload_plan(v)
     rg, per_engine = v["rollout_num_gpus"], v["rollout_num_gpus_per_engine"]
     _need(rg % per_engine == 0,
           f"--rollout-num-gpus-per-engine {per_engine} does not divide --rollout-num-gpus {rg}; pick a "
           f"divisor of {rg} (e.g. {_divisor_near(rg, per_engine)})")
     engines = rg // per_engine
     return actor_gpus, engines
+
+
+def _offload_plan(v: dict[str, Any]) -> None:
+    """--train-offload-plan: a plan other than all acts only where the trainer sleeps tag by tag (the simulator)."""
+    from vime.tags import parse_offload_plan
+
+    plan = v["train_offload_plan"] = parse_offload_plan(v["train_offload_plan"])
+    if plan == "all":
+        return
+    _need(v["backend"] != "real",
+          f"--train-offload-plan {plan}: --backend real offloads the trainer's whole state (vime's CuMem allocator "
+          f"path has no tag-selective offload yet); use --train-offload-plan all there, or plan it with "
+          f"`vime simulate` / --backend sim")
+    _need(bool(v["offload_train"]),
+          f"--train-offload-plan {plan} chooses what the trainer offloads, but the trainer does not sleep "
+          f"(--no-offload-train or --no-colocate); drop --train-offload-plan or pass --offload-train")
+    _need(v["train_offload_backend"] == "cumem",
+          f"--train-offload-plan {plan}: --train-offload-backend torch_memory_saver pauses its whole region, "
+          f"never some tags; use --train-offload-backend cumem")
 
 
 def _real_placement(v: dict[str, Any], given: set[str]) -> None:

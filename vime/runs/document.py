@@ -22,6 +22,10 @@ Keys of the top-level object:
   requested_gib, free_gib, short_by_gib, time_s, message}), ``fixes`` ([str]; when an OOM
   happened, each fix was simulated and says whether it then fits), ``fix_results`` (the same fixes
   as data: [{fix, changes, fits, t_step_s, result}]).
+- ``offload``: ``plan`` (the --train-offload-plan run), ``moved_gib_per_step`` (GiB copied between GPU
+  and host per step over all GPUs: trainer_to_host, trainer_to_gpu, engines_to_host, engines_to_gpu,
+  total), with ``auto`` what it chose ({chosen, baseline_all, resident, candidates}), and with an
+  explicit plan other than all, ``all`` (the same run offloading everything, from `vime simulate`).
 - ``wall_s``: wall-clock seconds the simulation took (the only field that is not deterministic;
   omitted with ``--seed``-stable output requested by tests through ``deterministic=True``).
 """
@@ -134,6 +138,7 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
         "rollout": _rollout_figures(sim),
         "memory": _memory(sim),
         "verdict": _verdict(sim),
+        "offload": _offload(sim),
     }
     if calls is not None:
         if doc["startup"] is not None:
@@ -143,6 +148,17 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
     if not deterministic:
         doc["wall_s"] = _r(sim.wall_s, 3)
     return doc
+
+
+def _offload(sim: Simulation) -> dict[str, Any]:
+    """--train-offload-plan: the plan run, GiB copied between GPU and host per step, and what `auto` chose."""
+    from vime.runs.offload import bytes_moved
+
+    out: dict[str, Any] = {"plan": str(getattr(sim.args, "train_offload_plan", "all")),
+                           "moved_gib_per_step": bytes_moved(sim)}
+    if sim.offload_choice is not None:
+        out["auto"] = sim.offload_choice.to_dict()
+    return out
 
 
 def run_document(args: Any, report: Any, recorder: Any, capacity: dict[int, int], *, backend: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightB
 from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
 from vime.sim.trainer.cost_model import ActorCostModel
 from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
+from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
     from vime.config import AlgoConfig, ClusterConfig, ParallelConfig
@@ -87,6 +88,8 @@ class SimTrainer(ActorCostModel):
         # it, grads and the caching allocator's activation blocks included (vllm-project/vime #442
         # parked ~18.7 GiB for a 0.6B model whose params + optimizer are 7.8 GiB).
         self.whole_region = placement.train_offload_backend == "torch_memory_saver"
+        self.offload_plan = placement.train_offload_plan
+        offload_plan_sets(self.offload_plan)  # "auto" must be resolved before a trainer is built
         self.initialized = False
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
@@ -122,8 +125,8 @@ class SimTrainer(ActorCostModel):
         await self._call()
         if self.whole_region:
             await self.allocator.sleep(["params", "optimizer", "grads", "activations"], [])
-        else:
-            await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
+        else:  # --train-offload-plan: the tags it leaves out stay resident
+            await self.allocator.sleep(*offload_plan_sets(self.offload_plan))
         self.lifecycle.apply("sleep")
         self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
 
