@@ -89,21 +89,29 @@ class Screen:
 
     def memory(self, args: Any, cm: Any) -> str:
         """Why `args` cannot fit ("" when it may): the trainer's state, or the engine's KV plan."""
-        from vime.sim.engine.kv import plan_kv_cache
-        from vime.sim.engine.settings import EngineSettings
+        return self.trainer_memory(cm) or self.engine_memory(args)
 
+    def trainer_memory(self, cm: Any) -> str:
+        """Why the trainer cannot fit on its busiest GPU ("" when it may): context + params + grads +
+        optimizer at start-up, and training adds at least one micro-batch of the shortest sample."""
         state = cm.state_bytes_per_gpu()
         ctx = int(self.hw.cuda_context_bytes)
         cap = int(self.hw.memory_bytes)
-        # the busiest GPU at start-up: context + params + grads + optimizer; training adds ≥ one shortest sample
         worst = max(range(len(state["params"])), key=lambda i: sum(v[i] for v in state.values()))
         held = {tag: v[worst] for tag, v in state.items()}
         act = cm.activation_bytes(self.shortest, [self.shortest]) if self.shortest else 0
         need = ctx + sum(held.values()) + act
-        if need > cap:
-            parts = ", ".join(f"{t} {b / GiB:.1f}" for t, b in held.items())
-            return (f"trainer needs ≥ {need / GiB:.1f} GiB on a GPU ({parts}, context {ctx / GiB:.1f}, "
-                    f"activations ≥ {act / GiB:.1f}) of {cap / GiB:.1f}")
+        if need <= cap:
+            return ""
+        parts = ", ".join(f"{t} {b / GiB:.1f}" for t, b in held.items())
+        return (f"trainer needs ≥ {need / GiB:.1f} GiB on a GPU ({parts}, context {ctx / GiB:.1f}, "
+                f"activations ≥ {act / GiB:.1f}) of {cap / GiB:.1f}")
+
+    def engine_memory(self, args: Any) -> str:
+        """Why an engine cannot start ("" when it may): vLLM's KV plan, as the simulated engine computes it."""
+        from vime.sim.engine.kv import plan_kv_cache
+        from vime.sim.engine.settings import EngineSettings
+
         try:
             plan_kv_cache(self.hw, self.model, EngineSettings.from_args(args, **self.hw.engine_overrides()))
         except ConfigError as exc:
@@ -113,7 +121,15 @@ class Screen:
     # --- time -----------------------------------------------------------------------------------
     def step_lower_bounds(self, args: Any, cm: Any) -> list[float]:
         """Per probed step, a T_step no simulation of `args` beats (none without a probe)."""
-        return [self._rollout(args, s) + self._train(cm, s) for s in self.steps]
+        return [r + t for r, t in zip(self.rollout_bounds(args), self.train_bounds(cm), strict=True)]
+
+    def rollout_bounds(self, args: Any) -> list[float]:
+        """Per probed step, seconds the rollout phase of `args` lasts at least (engine options only)."""
+        return [self._rollout(args, s) for s in self.steps]
+
+    def train_bounds(self, cm: Any) -> list[float]:
+        """Per probed step, seconds the train phase lasts at least (the trainer's layout only)."""
+        return [self._train(cm, s) for s in self.steps]
 
     def _rollout(self, args: Any, step: StepLengths) -> float:
         from vime.sim.engine.costs import IterationModel

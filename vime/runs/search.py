@@ -30,23 +30,30 @@ from vime.runs.sweep import GOALS, PointResult, simulate_point
 
 @dataclass(frozen=True)
 class Axis:
-    """One searched option and its candidate values ("gpus" stands for the actor's nodes × GPUs per node)."""
+    """One searched option, its candidate values, and the side of the step it changes: "engine" (rollout,
+    engine sleep and wake), "trainer" (the train phase) or "both" ("gpus" stands for the actor's nodes ×
+    GPUs per node)."""
 
     dest: str
     values: tuple[Any, ...]
+    side: str = "both"
 
 
-#: The searched axes, in grid order; adding an axis (EP, an async mode) is one line here.
+#: The searched axes, in grid order; adding an axis (EP, an async mode) is one line here. An axis that
+#: makes the rollout and train phases overlap must say side="both" (see `_branch_and_bound`).
 AXES: tuple[Axis, ...] = (
-    Axis("gpus", (1, 2, 4, 8, 16, 32, 64, 128)),
-    Axis("tensor_model_parallel_size", (1, 2, 4, 8)),
-    Axis("pipeline_model_parallel_size", (1, 2, 4, 8)),
-    Axis("rollout_num_gpus_per_engine", (1, 2, 4, 8)),
-    Axis("micro_batch_size", (16, 8, 4, 2, 1)),
-    Axis("gpu_memory_utilization", (0.9, 0.8, 0.7, 0.6)),
+    Axis("gpus", (1, 2, 4, 8, 16, 32, 64, 128), "both"),
+    Axis("tensor_model_parallel_size", (1, 2, 4, 8), "trainer"),
+    Axis("pipeline_model_parallel_size", (1, 2, 4, 8), "trainer"),
+    Axis("rollout_num_gpus_per_engine", (1, 2, 4, 8), "engine"),
+    Axis("micro_batch_size", (16, 8, 4, 2, 1), "trainer"),
+    Axis("gpu_memory_utilization", (0.9, 0.8, 0.7, 0.6), "engine"),
 )
 #: Pruning rules, in the order they are tried.
 RULES = ("invalid", "memory", "target", "bound", "bound-after-one-step")
+#: The phases only the engines' options change, and the one only the trainer's options change.
+ENGINE_PHASES = ("rollout", "offload", "onload_weights", "onload_kv")
+TRAINER_PHASES = ("train",)
 GPUS_PER_NODE = 8
 _TOL = 1e-3  # results are rounded to 1 µs (T_step) and 0.1 mGPU·s: a bound must beat them by more to prune
 
@@ -152,11 +159,20 @@ class _Serial:
 
 @dataclass(order=True)
 class _Open:
+    """A point not yet decided, ordered by a lower bound of its objective."""
+
     key: tuple[float, ...]
     tie: str
     changes: dict[str, Any] = field(compare=False)
-    one_step: bool = field(compare=False)
+    one_step: bool = field(compare=False, default=False)
+    gpus: int = field(compare=False, default=0)
+    samples: int = field(compare=False, default=0)
+    engine_key: str = field(compare=False, default="")
+    trainer_key: str = field(compare=False, default="")
+    engine_lb: float = field(compare=False, default=0.0)  # rollout roofline, mean over steps
+    trainer_lb: float = field(compare=False, default=0.0)  # train roofline, mean over steps
     step_lbs: list[float] = field(compare=False, default_factory=list)
+    after_one_step: float = field(compare=False, default=0.0)  # the bound its step 0 gave
 
 
 def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_step_time: float | None = None,
@@ -167,8 +183,8 @@ def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_s
 
     Returns (winner or None, every simulated point ranked, stats). ``exhaustive`` simulates every point
     in full with no pruning (the reference the pruned search must agree with). ``one_step`` simulates each
-    survivor's first step before its full run (pays off when the later steps' bounds are tight). Ctrl-C raises
-    `Interrupted` with the ranked results so far (the best so far first).
+    survivor's first step before its full run (pays off when the later steps' bounds are tight). Ctrl-C
+    raises `Interrupted` with the ranked results so far (the best so far first).
     """
     if goal not in GOALS:
         raise ConfigError(f"--search {goal!r}: use one of {', '.join(GOALS)}")
@@ -181,62 +197,83 @@ def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_s
     stats = SearchStats(considered=len(pts))
     # step 0 of a one-step run is step 0 of the full run unless the last step evaluates or saves
     one_step = one_step and base.eval_interval is None and base.save_interval is None
-    opened = _screen(base, goal, pts, target_step_time, stats, exhaustive, one_step=one_step)
+    sides = {ax.dest: ax.side for ax in axes}
+    opened = _screen(base, goal, pts, target_step_time, stats, exhaustive, one_step=one_step, sides=sides)
     n = max(1, min(workers or os.cpu_count() or 1, len(opened) or 1))
-    done: dict[str, PointResult] = {}
-    best: list[PointResult] = []
+    search = _Search(base, goal, target_step_time, stats, exhaustive)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(opened), unit="config", disable=not progress, file=sys.stderr, desc="searching")
+    search.bar = tqdm(total=len(opened), unit="config", disable=not progress, file=sys.stderr, desc="searching")
     pool: Any = _Serial() if n == 1 else _pool(n)
     try:
-        _branch_and_bound(base, goal, opened, target_step_time, stats, pool, n, done, best, bar, exhaustive)
+        search.run(opened, pool, n)
     except KeyboardInterrupt:
         _stop(pool)
-        raise Interrupted(len(pts), _ranked(goal, done, best)) from None
+        raise Interrupted(len(pts), search.ranked()) from None
     finally:
-        bar.close()
+        search.bar.close()
     pool.shutdown()
     stats.wall_s = time.perf_counter() - t0
-    return (best[0] if best else None), _ranked(goal, done, best), stats
+    return search.best, search.ranked(), stats
 
 
-def _ranked(goal: str, done: dict[str, PointResult], best: list[PointResult]) -> list[PointResult]:
-    ranked = sorted(done.values(), key=PointResult.rank_key)
-    if best:  # the winner first, then the rest as ranked
-        ranked = [best[0], *[r for r in ranked if r is not best[0]]]
-    return ranked
+def _side_key(changes: dict[str, Any], side: str, sides: dict[str, str]) -> str:
+    """The changes that touch `side` of the step (an option no axis names counts for both)."""
+    return _tie({k: v for k, v in changes.items() if sides.get(k, "both") in (side, "both")})
 
 
 def _screen(base: Any, goal: str, pts: Sequence[dict[str, Any]], target: float | None, stats: SearchStats,
-            exhaustive: bool, *, one_step: bool) -> list[_Open]:
-    """Closed-form rules over every point: what is left, keyed by a lower bound of its objective."""
+            exhaustive: bool, *, one_step: bool, sides: dict[str, str]) -> list[_Open]:
+    """Closed-form rules over every point: what is left, keyed by a lower bound of its objective. The
+    trainer's and the engines' parts are computed once per distinct trainer and engine configuration."""
     if exhaustive:
-        return [_Open((0.0,), _tie(c), dict(c), False) for c in pts]
+        return [_Open((0.0,), _tie(c), dict(c)) for c in pts]
     t = time.perf_counter()
     screen = Screen(base, _probe(base, pts))
     stats.probe_s = time.perf_counter() - t
+    trainer: dict[str, tuple[str, str, list[float]]] = {}  # key → (rule, reason, per-step train bounds)
+    engine: dict[str, tuple[str, str, list[float]]] = {}
     opened = []
     for changes in pts:
         try:
             args = base.replace(**changes)
-            cm = screen.cost_model(args)
         except ConfigError as exc:
             stats.prune(changes, "invalid", str(exc))
             continue
-        reason = screen.memory(args, cm)
-        if reason:
-            stats.prune(changes, "memory", reason)
+        tk, ek = _side_key(changes, "trainer", sides), _side_key(changes, "engine", sides)
+        if tk not in trainer:
+            trainer[tk] = _trainer_part(screen, args)
+        if ek not in engine:
+            reason = screen.engine_memory(args)
+            engine[ek] = ("memory", reason, []) if reason else ("", "", screen.rollout_bounds(args))
+        rule, reason, t_lbs = trainer[tk]
+        if not rule:
+            rule, reason, e_lbs = engine[ek]
+        if rule:
+            stats.prune(changes, rule, reason)
             continue
-        lbs = screen.step_lower_bounds(args, cm)
+        lbs = [a + b for a, b in zip(e_lbs, t_lbs, strict=True)]
         t_lb = sum(lbs) / len(lbs) if lbs else 0.0
         if target is not None and t_lb > target * (1 + _TOL):
             stats.prune(changes, "target", f"T_step ≥ {t_lb:.3f} s > --target-step-time {target:g}")
             continue
-        gpus = _gpus(args)
-        opened.append(_Open(bound_key(goal, gpus, int(args.samples_per_rollout), t_lb), _tie(changes), dict(changes),
-                            one_step and len(lbs) > 1, lbs))
+        gpus, samples = _gpus(args), int(args.samples_per_rollout)
+        opened.append(_Open(bound_key(goal, gpus, samples, t_lb), _tie(changes), dict(changes), one_step and len(lbs) > 1,
+                            gpus, samples, ek, tk, _mean(e_lbs), _mean(t_lbs), lbs))
     return opened
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _trainer_part(screen: Screen, args: Any) -> tuple[str, str, list[float]]:
+    try:
+        cm = screen.cost_model(args)
+    except ConfigError as exc:
+        return "invalid", str(exc), []
+    reason = screen.trainer_memory(cm)
+    return ("memory", reason, []) if reason else ("", "", screen.train_bounds(cm))
 
 
 def _probe(base: Any, pts: Sequence[dict[str, Any]], tries: int = 3) -> Any:
@@ -251,7 +288,7 @@ def _probe(base: Any, pts: Sequence[dict[str, Any]], tries: int = 3) -> Any:
             cm = screen.cost_model(args)
         except ConfigError:
             continue
-        if screen.memory(args, cm):
+        if screen.trainer_memory(cm) or screen.engine_memory(args):
             continue
         found = probe_lengths(args)
         tries -= 1
@@ -269,58 +306,103 @@ def _tie(changes: dict[str, Any]) -> str:
     return json.dumps(changes, sort_keys=True, default=str)
 
 
-def _meets(r: PointResult, target: float | None) -> bool:
-    return r.valid and r.fits and r.t_step > 0 and (target is None or r.t_step <= target)
+class _Search:
+    """Best-first branch and bound over the open points.
 
+    A point's bound is its roofline for each side of the step, raised to what a fully simulated point
+    with the same engine options measured for the engines' phases (rollout, engine sleep and wake) and
+    with the same trainer options for the train phase: in a synchronous step those phases follow one
+    another and each depends on its own side's options only, so they add up to a lower bound of T_step
+    (weight sync and the gap count as 0). The open point with the smallest bound runs next; when that
+    bound cannot beat the best full result, neither can any other open point.
+    """
 
-def _branch_and_bound(base: Any, goal: str, opened: list[_Open], target: float | None, stats: SearchStats,
-                      pool: Any, n: int, done: dict[str, PointResult], best: list[PointResult], bar: Any,
-                      exhaustive: bool) -> None:
-    """Best-first: run the open point with the smallest bound until none can beat the best full result."""
-    heap = list(opened)
-    heapq.heapify(heap)
-    running: dict[Future[Any], _Open] = {}
-    while heap or running:
-        while heap and len(running) < n:
-            item = heap[0]
-            if best and not exhaustive and worse(item.key, objective(goal, best[0])):
-                for rest in heap:  # every open key is at least this one's
-                    stats.prune(rest.changes, "bound-after-one-step" if rest.tie in done else "bound",
-                                f"objective ≥ {rest.key[0]:.3f}, worse than the best simulated {objective(goal, best[0])[0]:.3f}")
-                    bar.update(1)
+    def __init__(self, base: Any, goal: str, target: float | None, stats: SearchStats, exhaustive: bool) -> None:
+        self.base, self.goal, self.target, self.stats, self.exhaustive = base, goal, target, stats, exhaustive
+        self.done: dict[str, PointResult] = {}
+        self.best: PointResult | None = None
+        self.engine_seen: dict[str, float] = {}
+        self.trainer_seen: dict[str, float] = {}
+        self.bar: Any = None
+
+    def ranked(self) -> list[PointResult]:
+        ranked = sorted(self.done.values(), key=PointResult.rank_key)
+        if self.best is not None:  # the winner first, then the rest as ranked
+            ranked = [self.best, *[r for r in ranked if r is not self.best]]
+        return ranked
+
+    def _t_bound(self, item: _Open) -> float:
+        t = (max(item.engine_lb, self.engine_seen.get(item.engine_key, 0.0))
+             + max(item.trainer_lb, self.trainer_seen.get(item.trainer_key, 0.0)))
+        return max(t, item.after_one_step)
+
+    def _prune(self, item: _Open, rule: str, why: str) -> None:
+        self.stats.prune(item.changes, rule, why)
+        self.bar.update(1)
+
+    def _next(self, heap: list[_Open]) -> _Open | None:
+        """The open point to simulate next, pruning what cannot win (None: nothing left to run)."""
+        while heap:
+            item = heapq.heappop(heap)
+            if self.exhaustive:
+                return item
+            t = self._t_bound(item)
+            key = bound_key(self.goal, item.gpus, item.samples, t)
+            if worse(key, item.key):  # raised by what was measured since it was queued: back in line
+                item.key = key
+                heapq.heappush(heap, item)
+                continue
+            if self.target is not None and t > self.target * (1 + _TOL):
+                self._prune(item, "target", f"T_step ≥ {t:.3f} s > --target-step-time {self.target:g}")
+                continue
+            if self.best is not None and worse(item.key, objective(self.goal, self.best)):
+                best = objective(self.goal, self.best)[0]
+                for rest in [item, *heap]:  # every open bound is at least this one's
+                    self._prune(rest, "bound-after-one-step" if rest.after_one_step else "bound",
+                                f"objective ≥ {rest.key[0]:.3f}, the best simulated has {best:.3f}")
                 heap.clear()
+                return None
+            return item
+        return None
+
+    def run(self, opened: list[_Open], pool: Any, n: int) -> None:
+        heap = list(opened)
+        heapq.heapify(heap)
+        running: dict[Future[Any], _Open] = {}
+        while heap or running:
+            while len(running) < n:
+                item = self._next(heap)
+                if item is None:
+                    break
+                running[pool.submit(_simulate, self.base, item.changes, item.one_step)] = item
+            if not running:
                 break
-            heapq.heappop(heap)
-            running[pool.submit(_simulate, base, item.changes, item.one_step)] = item
-        if not running:
-            break
-        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for fut in sorted(finished, key=lambda f: running[f].tie):
-            item = running.pop(fut)
-            r: PointResult = fut.result()
-            done[item.tie] = r
-            if item.one_step:
-                stats.one_step += 1
-                if _meets_one_step(r, target, item):
-                    t_lb = (r.t_step + sum(item.step_lbs[1:])) / len(item.step_lbs)
-                    heapq.heappush(heap, _Open(bound_key(goal, r.gpus, r.samples, t_lb), item.tie, item.changes, False))
-                    continue
-            else:
-                stats.full += 1
-                if _meets(r, target) and (not best or (objective(goal, r), item.tie) < (objective(goal, best[0]),
-                                                                                        _tie(best[0].changes))):
-                    best[:] = [r]
-                    bar.set_postfix_str(f"best {r.t_step:.3f} s on {r.gpus} GPUs")
-            bar.update(1)
+            finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=lambda f: running[f].tie):
+                item = running.pop(fut)
+                self._finished(item, fut.result(), heap)
 
-
-def _meets_one_step(r: PointResult, target: float | None, item: _Open) -> bool:
-    """Whether a one-step result may still win in full (its first step fits, and within the target's bound)."""
-    if not (r.valid and r.fits and r.t_step > 0):
-        return False
-    if target is None:
-        return True
-    return (r.t_step + sum(item.step_lbs[1:])) / len(item.step_lbs) <= target * (1 + _TOL)
+    def _finished(self, item: _Open, r: PointResult, heap: list[_Open]) -> None:
+        self.done[item.tie] = r
+        fits = r.valid and r.fits and r.t_step > 0
+        if item.one_step:
+            self.stats.one_step += 1
+            if fits:  # its first step, with the later steps' bounds: back in line for the full run
+                item.after_one_step = (r.t_step + sum(item.step_lbs[1:])) / len(item.step_lbs)
+                item.one_step = False
+                heapq.heappush(heap, item)
+                return
+        else:
+            self.stats.full += 1
+            if fits:
+                self.engine_seen.setdefault(item.engine_key, sum(r.phases.get(p, 0.0) for p in ENGINE_PHASES))
+                self.trainer_seen.setdefault(item.trainer_key, sum(r.phases.get(p, 0.0) for p in TRAINER_PHASES))
+            meets = fits and (self.target is None or r.t_step <= self.target)
+            if meets and (self.best is None or (objective(self.goal, r), item.tie)
+                          < (objective(self.goal, self.best), _tie(self.best.changes))):
+                self.best = r
+                self.bar.set_postfix_str(f"best {r.t_step:.3f} s on {r.gpus} GPUs")
+        self.bar.update(1)
 
 
 def _pool(n: int) -> ProcessPoolExecutor:
