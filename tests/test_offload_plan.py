@@ -29,7 +29,7 @@ def test_plans_parse_to_a_canonical_form() -> None:
     (["simulate", "--train-offload-plan", "optimizer", "--no-offload-train"], "--no-offload-train"),
     (["simulate", "--train-offload-plan", "auto", "--train-offload-backend", "torch_memory_saver"],
      "--train-offload-backend cumem"),
-    (["train", "--hf-checkpoint", "x", "--train-offload-plan", "optimizer"], "--backend real"),
+    (["train", "--hf-checkpoint", "x", "--train-offload-plan", "auto"], "chosen by the simulator"),
 ])
 def test_a_plan_that_cannot_act_is_refused_in_one_line(argv: list[str], needle: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,9 +40,47 @@ def test_a_plan_that_cannot_act_is_refused_in_one_line(argv: list[str], needle: 
     assert needle in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_all_on_the_real_backend_parses() -> None:
-    args = parse_args(["--hf-checkpoint", "x", "--train-offload-plan", "all"], command="train")
-    assert args.train_offload_plan == "all"
+@pytest.mark.parametrize("plan", ["all", "grads,optimizer"])
+def test_a_plan_of_tags_parses_on_the_real_backend(plan: str) -> None:
+    args = parse_args(["--hf-checkpoint", "x", "--train-offload-plan", plan], command="train")
+    assert args.train_offload_plan == plan
+
+
+MIB = 1 << 20
+
+
+def test_the_real_cumem_offload_moves_only_the_plans_tags_and_keeps_the_rest_mapped() -> None:
+    """vime's CuMem allocator over its fake driver (CPU): bytes moved, addresses kept, nothing lost."""
+    from vime.real.cumem import CuMemAllocator, FakeDriver
+    from vime.real.megatron.offload import CuMemOffload, make_offload_backend, plan_tags
+
+    drv = FakeDriver(granularity=2 * MIB, device_capacity=256 * MIB, host_capacity=256 * MIB)
+    alloc = CuMemAllocator(drv, chunk_bytes=4 * MIB)
+    sizes = {"params": 6 * MIB, "grads": 4 * MIB, "optimizer": 10 * MIB}
+    va = {tag: alloc.malloc(n, tag) for tag, n in sizes.items()}
+    data = {}
+    for k, (tag, n) in enumerate(sizes.items()):
+        data[tag] = bytes((k + i * 7) % 251 for i in range(n))
+        drv.write(va[tag], data[tag])
+    used = drv.device_used()
+    off = CuMemOffload(plan_tags("grads,optimizer"), allocator=alloc)
+    off.pause(sizes["grads"] + sizes["optimizer"])
+    stats = alloc.history[-1]
+    assert stats.copied_bytes == sizes["optimizer"]  # the optimizer state to host; grads dropped; params stay
+    assert drv.device_used() == used - sizes["grads"] - sizes["optimizer"]
+    assert drv.is_mapped(va["params"]) and drv.read(va["params"], sizes["params"]) == data["params"]
+    assert not drv.is_mapped(va["optimizer"]) and not drv.is_mapped(va["grads"])
+    off.resume()
+    assert all(drv.is_mapped(v) for v in va.values()) and drv.device_used() == used
+    assert drv.read(va["optimizer"], sizes["optimizer"]) == data["optimizer"]  # same address, same bytes
+    assert drv.read(va["params"], sizes["params"]) == data["params"]
+    every = CuMemOffload(plan_tags("all"), allocator=alloc)
+    every.pause(0)
+    assert alloc.history[-1].copied_bytes == sizes["params"] + sizes["optimizer"] and drv.device_used() == 0
+    every.resume()
+    assert drv.read(va["params"], sizes["params"]) == data["params"]
+    with pytest.raises(ConfigError, match="--train-offload-backend cumem"):
+        make_offload_backend("torch_memory_saver", "optimizer")
 
 
 def _trainer_sleeps(sim):

@@ -138,16 +138,15 @@ def _placement(v: dict[str, Any]) -> tuple[int, int]:
 
 
 def _offload_plan(v: dict[str, Any]) -> None:
-    """--train-offload-plan: a plan other than all acts only where the trainer sleeps tag by tag (the simulator)."""
+    """--train-offload-plan: a plan other than all needs a trainer that sleeps, tag by tag (vime's CuMem allocator)."""
     from vime.tags import parse_offload_plan
 
     plan = v["train_offload_plan"] = parse_offload_plan(v["train_offload_plan"])
     if plan == "all":
         return
-    _need(v["backend"] != "real",
-          f"--train-offload-plan {plan}: --backend real offloads the trainer's whole state (vime's CuMem allocator "
-          f"path has no tag-selective offload yet); use --train-offload-plan all there, or plan it with "
-          f"`vime simulate` / --backend sim")
+    _need(not (plan == "auto" and v["backend"] == "real"),
+          "--train-offload-plan auto is chosen by the simulator, not by --backend real: run `vime simulate` with "
+          "the same flags and --train-offload-plan auto, then pass the plan it prints")
     _need(bool(v["offload_train"]),
           f"--train-offload-plan {plan} chooses what the trainer offloads, but the trainer does not sleep "
           f"(--no-offload-train or --no-colocate); drop --train-offload-plan or pass --offload-train")

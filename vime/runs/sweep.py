@@ -1,7 +1,8 @@
 """Sweeps and searches for `vime simulate`: many configurations simulated in parallel, ranked by T_step.
 
 `--sweep FLAG=V1,V2` (repeatable) simulates the cross product; `--search fastest|fewest-gpus|cheapest`
-explores GPU count, TP, GPUs per engine, micro-batch size and memory utilisation and prints the
+explores the axes of `vime.runs.search` (GPU count, TP, PP, GPUs per engine, micro-batch size, memory
+utilisation), pruning what cannot fit or cannot win before simulating, and prints the
 winning `vime train` command line (`train_command`: real-run flags only, a named placeholder where a
 path is needed). Every result carries its cost: GPU-seconds per step and per 1000 samples. Points run in local processes (all cores by default) or as
 Ray tasks on a cluster given by `--ray-address`. Results are ordered by a stable key, so the same
