@@ -128,3 +128,8 @@ def test_an_axis_is_one_line_and_the_default_grid_reaches_ten_thousand() -> None
     assert len(grid(8, extra)) == 2 * len(grid(8))
     assert {p["max_num_seqs"] for p in grid(8, extra)} == {128, 256}
     assert set(RULES) >= {"invalid", "memory", "bound"}
+
+
+def test_search_refuses_a_ray_address_it_would_not_use() -> None:
+    with pytest.raises(ConfigError, match="--ray-address runs --sweep points"):
+        parse_args(["--search", "fastest", "--ray-address", "auto"], command="simulate")
