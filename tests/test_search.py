@@ -133,3 +133,8 @@ def test_an_axis_is_one_line_and_the_default_grid_reaches_ten_thousand() -> None
 def test_search_refuses_a_ray_address_it_would_not_use() -> None:
     with pytest.raises(ConfigError, match="--ray-address runs --sweep points"):
         parse_args(["--search", "fastest", "--ray-address", "auto"], command="simulate")
+
+
+def test_search_refuses_an_offload_plan_that_would_choose_the_memory_fraction_itself() -> None:
+    with pytest.raises(ConfigError, match="--train-offload-plan auto chooses --gpu-memory-utilization"):
+        parse_args(["--search", "fastest", "--train-offload-plan", "auto"], command="simulate")

@@ -380,6 +380,9 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
     _need(not (v["compare_sim"] and v["report"] is None),
           "--compare-sim draws the run beside its simulation in the --report page; add --report FILE.html")
     if command == "simulate":
+        _need(not (v["search"] and v["train_offload_plan"] == "auto"),
+              "--train-offload-plan auto chooses --gpu-memory-utilization, which --search searches too: search with "
+              "--train-offload-plan all (or a list of tags), then run the winner with --train-offload-plan auto")
         _need(not (v["search"] and v.get("ray_address")),
               "--ray-address runs --sweep points on a Ray cluster; --search runs in local processes: drop "
               "--ray-address (use --workers N), or use --sweep")
