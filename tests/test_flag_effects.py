@@ -68,6 +68,7 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "offload_train": Effect(("--no-offload-train",), P.calls),
     "offload_rollout": Effect(("--offload-rollout",), P.server, base=DISAGG),
     "train_offload_backend": Effect(("--train-offload-backend", "torch_memory_saver"), P.actor_field("offload_backend")),
+    "train_offload_plan": Effect(("--train-offload-plan", "params,grads"), P.actor_field("train_offload_plan")),
     # Megatron
     "tensor_model_parallel_size": Effect(("--tensor-model-parallel-size", "4"), P.actor_field("tensor_model_parallel_size")),
     "pipeline_model_parallel_size": Refused(("--pipeline-model-parallel-size", "2"), "--tensor-model-parallel-size"),

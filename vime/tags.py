@@ -46,3 +46,36 @@ def sleep_offload_tags(level: int) -> tuple[str, ...]:
     if level == 2:
         return (TAG_RUNTIME, TAG_CUDA_GRAPH)
     raise ValueError(f"sleep level must be 1 or 2, got {level}")
+
+
+#: What `--train-offload-plan` may name, in the order a plan is written: the trainer's tags that leave the GPU
+#: while the engines generate. Params and optimizer state are copied to pinned host memory; grads and the
+#: activations' cache hold nothing a step needs afterwards, so they are dropped and remapped empty.
+TRAINER_OFFLOAD_TAGS = ("params", "grads", "optimizer", "activations")
+OFFLOAD_PLAN_KEYWORDS = ("auto", "all")
+
+
+def parse_offload_plan(text: str) -> str:
+    """A --train-offload-plan value in canonical form: "auto", "all", or tags in TRAINER_OFFLOAD_TAGS order."""
+    from vime.errors import ConfigError
+
+    word = str(text).strip().lower()
+    if word in OFFLOAD_PLAN_KEYWORDS:
+        return word
+    tags = [t.strip() for t in word.split(",") if t.strip()]
+    bad = [t for t in tags if t not in TRAINER_OFFLOAD_TAGS]
+    if not tags or bad:
+        raise ConfigError(f"--train-offload-plan {text!r}: use auto, all, or a comma list of "
+                          f"{', '.join(TRAINER_OFFLOAD_TAGS)} (the tags offloaded each step)")
+    if len(set(tags)) != len(tags):
+        raise ConfigError(f"--train-offload-plan {text!r} names a tag twice; name each once")
+    canonical = [t for t in TRAINER_OFFLOAD_TAGS if t in tags]
+    return "all" if len(canonical) == len(TRAINER_OFFLOAD_TAGS) else ",".join(canonical)
+
+
+def offload_plan_sets(plan: str) -> tuple[list[str], list[str]]:
+    """(tags copied to host, tags dropped) when the trainer sleeps under a resolved plan ("all" or tags)."""
+    if plan == "auto":
+        raise ValueError("--train-offload-plan auto must be resolved to tags before the trainer sleeps")
+    tags = TRAINER_OFFLOAD_TAGS if plan == "all" else tuple(plan.split(","))
+    return [t for t in ("params", "optimizer") if t in tags], [t for t in ("grads", "activations") if t in tags]

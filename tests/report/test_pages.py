@@ -320,7 +320,7 @@ def test_sweep_page_ranks_stacks_phases_and_marks_oom_rows(browser: Browser, tmp
 @pytest.fixture(scope="module")
 def small_search():
     base = parse_args(["--num-rollout", "1", "--model", "Qwen3-0.6B", "--rollout-batch-size", "8"], command="simulate")
-    best, ranked = search(base, goal="fastest", max_gpus=2, workers=1, max_tries=2)
+    best, ranked = search(base, goal="fastest", max_gpus=2, workers=1)
     assert best is not None
     return base, best, ranked
 

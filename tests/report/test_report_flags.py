@@ -39,7 +39,7 @@ def test_flags_that_cannot_act_are_refused_in_one_line(argv: list[str], needle: 
 
 def test_search_cheapest_minimises_gpu_seconds_per_sample_within_a_step_time_limit() -> None:
     base = parse_args(SMALL, command="simulate")
-    best, ranked = search(base, goal="cheapest", max_gpus=2, workers=1, max_tries=2)
+    best, ranked = search(base, goal="cheapest", max_gpus=2, workers=1)
     fits = [r for r in ranked if r.valid and r.fits]
     assert best is not None and len(fits) >= 3
     assert best.gpu_s_per_1k_samples == min(r.gpu_s_per_1k_samples for r in fits)
@@ -49,11 +49,12 @@ def test_search_cheapest_minimises_gpu_seconds_per_sample_within_a_step_time_lim
     limit = (min(r.t_step for r in fits) + best.t_step) / 2
     if limit < best.t_step:
         limited, _ = search(parse_args(SMALL, command="simulate"), goal="cheapest", max_gpus=2, target_step_time=limit,
-                            workers=1, max_tries=2)
+                            workers=1)
         assert limited is not None and limited.t_step <= limit
-        assert limited.gpu_s_per_1k_samples == min(r.gpu_s_per_1k_samples for r in fits if r.t_step <= limit)
-    fastest, _ = search(base, goal="fastest", max_gpus=2, workers=1, max_tries=2)
-    assert fastest is not None and fastest.t_step == min(r.t_step for r in fits)
+        # no configuration the unlimited search simulated within the limit is cheaper (the pruned rest cannot be)
+        assert limited.gpu_s_per_1k_samples <= min(r.gpu_s_per_1k_samples for r in fits if r.t_step <= limit)
+    fastest, _ = search(base, goal="fastest", max_gpus=2, workers=1)
+    assert fastest is not None and fastest.t_step <= min(r.t_step for r in fits)
 
 
 def test_the_winning_command_parses_as_printed_on_vime_train_and_the_search_page_is_written(

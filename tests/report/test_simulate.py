@@ -196,7 +196,7 @@ def test_sweep_rejects_unknown_flags_and_reports_invalid_points():
 def test_search_returns_a_configuration_the_simulator_confirms():
     base = parse_args(["--num-rollout", "1", "--model", "Qwen3-0.6B", "--rollout-batch-size", "8"],
                       command="simulate")
-    best, ranked = search(base, goal="fastest", max_gpus=2, workers=1, max_tries=2)
+    best, ranked = search(base, goal="fastest", max_gpus=2, workers=1)
     assert best is not None and ranked[0] is best
     # Re-simulate the winner from its printed command line (plus what only the simulator reads, which a
     # `vime train` line leaves out, and less the prompts' placeholder: the search drew prompt lengths): it

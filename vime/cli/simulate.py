@@ -57,6 +57,7 @@ def format_text(doc: dict[str, Any]) -> str:
               f"  engine busy {100 * r['engine_busy_share']:.0f} % of rollout   KV blocks peak {r['kv_blocks_peak']:,} of "
               f"{r['kv_blocks_total']:,} ({100 * r['kv_blocks_used_share']:.0f} %)   preemptions {r['preemptions']}"]
     lines += _async_lines(doc.get("async"))
+    lines += offload_lines(doc.get("offload"))
     lines += ["", "Peak memory per GPU (GiB, at the moment of the GPU's peak)"]
     for g in doc["memory"]["gpus"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in g["by_owner_tag_gib"].items())
@@ -98,6 +99,29 @@ def _async_lines(a: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def offload_lines(off: dict[str, Any] | None) -> list[str]:
+    """The report's offload lines: the plan, GiB moved per step, and against `all` when another plan ran."""
+    if not off:
+        return []
+    m = off["moved_gib_per_step"]
+    lines = ["", f"Offload (--train-offload-plan {off['plan']}): {m['total']:.1f} GiB moved per step over all GPUs — trainer "
+                 f"{m['trainer_to_host']:.1f} to host, {m['trainer_to_gpu']:.1f} to GPU; engines "
+                 f"{m['engines_to_host']:.1f} to host, {m['engines_to_gpu']:.1f} to GPU"]
+    if "auto" in off:
+        c, b = off["auto"]["chosen"], off["auto"]["baseline_all"]
+        lines.append(f"  auto chose --train-offload-plan {c['plan']} --gpu-memory-utilization "
+                     f"{c['gpu_memory_utilization']:g} (resident: {', '.join(off['auto']['resident']) or 'nothing'}) "
+                     f"of {len(off['auto']['candidates'])} simulated candidates")
+    else:
+        b = off.get("all")
+    if b:
+        saved = b["moved_gib_per_step"] - m["total"]
+        lines.append(f"  against all at --gpu-memory-utilization {b['gpu_memory_utilization']:g}: "
+                     + (f"T_step {b['t_step']:.3f} s, {b['moved_gib_per_step']:.1f} GiB moved per step (saves "
+                        f"{saved:.1f} GiB)" if b["fits"] else f"does not fit ({b['why']})"))
+    return lines
+
+
 def run_simulate(args: Any) -> int:
     """`vime simulate`: one configuration (tables or --json), or a sweep / search over many."""
     if args.sweep or args.search:
@@ -124,6 +148,10 @@ def run_simulate(args: Any) -> int:
         sim.fix_results = simulate_fixes(sim)
         sim.fixes = fix_lines(sim.fix_results)
     doc = build_document(sim, calls=calls)
+    if doc["offload"]["plan"] != "all" and "auto" not in doc["offload"]:  # what the plan saved against all
+        from vime.runs.offload import run_candidate
+
+        doc["offload"]["all"] = run_candidate(args, "all", float(args.gpu_memory_utilization))[0].to_dict()
     text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
     if args.trace_out:
         from vime.report.trace import recorder_trace
@@ -246,13 +274,15 @@ def run_sweep_command(args: Args) -> int:
     Ctrl-C prints the configurations that finished (and writes their page) and exits 130.
     """
     from vime.errors import Interrupted
-    from vime.runs.sweep import parse_sweep, placeholders, run_points, search
+    from vime.runs.search import run_search
+    from vime.runs.sweep import parse_sweep, placeholders, run_points
 
     quiet = bool(args.json or args.csv) or not sys.stderr.isatty()
     if args.search:
         try:
-            best, ranked = search(args, goal=args.search, max_gpus=int(args.max_gpus),
-                                  target_step_time=args.target_step_time, workers=args.workers, progress=not quiet)
+            best, ranked, stats = run_search(args, goal=args.search, max_gpus=int(args.max_gpus),
+                                             target_step_time=args.target_step_time, workers=args.workers,
+                                             progress=not quiet)
         except Interrupted as stop:
             _print_results(args, stop.results, "vime.search/1", {"goal": args.search, "interrupted": True})  # type: ignore[arg-type]
             _write_sweep_report(args, stop.results, kind="search", interrupted=(len(stop.results), stop.total))  # type: ignore[arg-type]
@@ -261,13 +291,16 @@ def run_sweep_command(args: Args) -> int:
         _write_sweep_report(args, ranked, kind="search", best=best)
         if args.json:
             print(json.dumps({"schema": "vime.search/1", "goal": args.search, "best": asdict(best) if best else None,
-                              "placeholders": placeholders(best.argv) if best else {},
+                              "placeholders": placeholders(best.argv) if best else {}, "search": stats.to_dict(),
                               "candidates": [asdict(r) for r in ranked]}, indent=1))
         elif args.csv:
             print(format_csv(ranked), end="")
         else:
             print(format_results(ranked))
             print()
+            print(stats.summary())
+            for rule, first in stats.to_dict()["first_pruned_by_rule"].items():
+                print(f"  {rule}, e.g. {json.dumps(first['changes'], default=str)}: {first['reason']}")
             if best is None:
                 print("No configuration meets the goal within --max-gpus; raise --max-gpus or relax the target.")
             else:

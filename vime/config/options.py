@@ -65,6 +65,12 @@ class ClusterConfig:
                                               "persistent pinned host buffers) or torch_memory_saver "
                                               "(pinned buffers allocated on every pause)",
                                      choices=("cumem", "torch_memory_saver"))
+    train_offload_plan: str = opt("all", "which trainer tags leave the GPU while the engines generate: all (params "
+                                         "and optimizer to host, grads and activations dropped), a comma list of "
+                                         "params,grads,optimizer,activations (the rest stay resident), or auto "
+                                         "(`vime simulate` chooses the tags and --gpu-memory-utilization that "
+                                         "minimise T_step while fitting, and prints the plan)",
+                                  metavar="auto|all|TAG,...")
 
 
 @dataclass(frozen=True)
@@ -279,8 +285,9 @@ class OutputConfig:
     sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
                                      "(repeatable: the cross product is simulated)",
                                  metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")
-    search: str | None = opt(None, "search GPU count, TP, GPUs per engine, micro-batch size and memory "
-                                   "utilisation for the fastest step that fits (fastest), the fewest "
+    search: str | None = opt(None, "search GPU count, TP, PP, GPUs per engine, micro-batch size and memory "
+                                   "utilisation (configurations that cannot fit or cannot beat the best so far "
+                                   "are pruned unsimulated) for the fastest step that fits (fastest), the fewest "
                                    "GPUs that meet --target-step-time (fewest-gpus), or the fewest GPU-seconds "
                                    "per sample (cheapest, within --target-step-time when given)",
                              choices=("fastest", "fewest-gpus", "cheapest"), commands=("simulate",))

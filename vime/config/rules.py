@@ -137,12 +137,31 @@ def _placement(v: dict[str, Any]) -> tuple[int, int]:
               "--no-colocate needs --rollout-num-gpus N (GPUs for the engines, apart from the trainer's)")
         v["offload_train"] = bool(v["offload_train"])
         v["offload_rollout"] = bool(v["offload_rollout"])
+    _offload_plan(v)
     rg, per_engine = v["rollout_num_gpus"], v["rollout_num_gpus_per_engine"]
     _need(rg % per_engine == 0,
           f"--rollout-num-gpus-per-engine {per_engine} does not divide --rollout-num-gpus {rg}; pick a "
           f"divisor of {rg} (e.g. {_divisor_near(rg, per_engine)})")
     engines = rg // per_engine
     return actor_gpus, engines
+
+
+def _offload_plan(v: dict[str, Any]) -> None:
+    """--train-offload-plan: a plan other than all needs a trainer that sleeps, tag by tag (vime's CuMem allocator)."""
+    from vime.tags import parse_offload_plan
+
+    plan = v["train_offload_plan"] = parse_offload_plan(v["train_offload_plan"])
+    if plan == "all":
+        return
+    _need(not (plan == "auto" and v["backend"] == "real"),
+          "--train-offload-plan auto is chosen by the simulator, not by --backend real: run `vime simulate` with "
+          "the same flags and --train-offload-plan auto, then pass the plan it prints")
+    _need(bool(v["offload_train"]),
+          f"--train-offload-plan {plan} chooses what the trainer offloads, but the trainer does not sleep "
+          f"(--no-offload-train or --no-colocate); drop --train-offload-plan or pass --offload-train")
+    _need(v["train_offload_backend"] == "cumem",
+          f"--train-offload-plan {plan}: --train-offload-backend torch_memory_saver pauses its whole region, "
+          f"never some tags; use --train-offload-backend cumem")
 
 
 def _real_placement(v: dict[str, Any], given: set[str]) -> None:
@@ -410,6 +429,12 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
     _need(not (v["compare_sim"] and v["report"] is None),
           "--compare-sim draws the run beside its simulation in the --report page; add --report FILE.html")
     if command == "simulate":
+        _need(not (v["search"] and v["train_offload_plan"] == "auto"),
+              "--train-offload-plan auto chooses --gpu-memory-utilization, which --search searches too: search with "
+              "--train-offload-plan all (or a list of tags), then run the winner with --train-offload-plan auto")
+        _need(not (v["search"] and v.get("ray_address")),
+              "--ray-address runs --sweep points on a Ray cluster; --search runs in local processes: drop "
+              "--ray-address (use --workers N), or use --sweep")
         _need(not (v["search"] and v["sweep"]),
               "--search and --sweep cannot be combined: --search chooses the layout itself; use one of them")
         _need(not (v["trace_out"] and (v["search"] or v["sweep"])),

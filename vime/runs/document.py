@@ -29,6 +29,10 @@ Keys of the top-level object:
   why (when no band)}},
   ``t_step`` (null or {low_s, high_s, unbanded [phase]}), ``quantities`` (the profile's spread:
   {quantity: {low, high, rows, source}}).
+- ``offload``: ``plan`` (the --train-offload-plan run), ``moved_gib_per_step`` (GiB copied between GPU
+  and host per step over all GPUs: trainer_to_host, trainer_to_gpu, engines_to_host, engines_to_gpu,
+  total), with ``auto`` what it chose ({chosen, baseline_all, resident, candidates}), and with an
+  explicit plan other than all, ``all`` (the same run offloading everything, from `vime simulate`).
 - ``wall_s``: wall-clock seconds the simulation took (the only field that is not deterministic;
   omitted with ``--seed``-stable output requested by tests through ``deterministic=True``).
 """
@@ -145,6 +149,7 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
         "rollout": _rollout_figures(sim),
         "memory": _memory(sim),
         "verdict": _verdict(sim),
+        "offload": _offload(sim),
     }
     summary = doc["summary"]
     doc["uncertainty"] = uncertainty(hw.name, hw.spread, {p: v["seconds"] for p, v in summary["phases"].items()},
@@ -160,6 +165,17 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
     if not deterministic:
         doc["wall_s"] = _r(sim.wall_s, 3)
     return doc
+
+
+def _offload(sim: Simulation) -> dict[str, Any]:
+    """--train-offload-plan: the plan run, GiB copied between GPU and host per step, and what `auto` chose."""
+    from vime.runs.offload import bytes_moved
+
+    out: dict[str, Any] = {"plan": str(getattr(sim.args, "train_offload_plan", "all")),
+                           "moved_gib_per_step": bytes_moved(sim)}
+    if sim.offload_choice is not None:
+        out["auto"] = sim.offload_choice.to_dict()
+    return out
 
 
 def run_document(args: Any, report: Any, recorder: Any, capacity: dict[int, int], *, backend: str) -> dict[str, Any]:

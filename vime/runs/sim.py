@@ -33,6 +33,7 @@ class Simulation:
     wall_s: float = 0.0
     fixes: list[str] = field(default_factory=list)
     fix_results: list[dict[str, Any]] = field(default_factory=list)  # vime.runs.fixes.simulate_fixes
+    offload_choice: Any = None  # vime.runs.offload.Choice, when --train-offload-plan auto chose the plan
 
     @property
     def fits(self) -> bool:
@@ -119,10 +120,17 @@ def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | 
     from vime.sim.backends import build_sim_backends
 
     t0 = time.perf_counter()
+    choice = None
+    if getattr(args, "train_offload_plan", "all") == "auto":  # the simulator chooses, then runs the choice
+        from vime.runs.offload import choose_plan
+
+        choice = choose_plan(args)
+        args = args.replace(train_offload_plan=choice.chosen.plan,
+                            gpu_memory_utilization=choice.chosen.gpu_memory_utilization)
     backends = build_sim_backends(args, hardware=hardware, model=model, seed=seed, start=False)
     replaced = wrap(backends) if wrap is not None else {}
     orch = build_sim_orchestrator(args, backends, observers=observers, progress=progress, **replaced)
-    result = Simulation(args, backends, orch)
+    result = Simulation(args, backends, orch, offload_choice=choice)
 
     def startup_done(report: StartupReport) -> None:
         result.startup = report

@@ -1,7 +1,8 @@
 """Sweeps and searches for `vime simulate`: many configurations simulated in parallel, ranked by T_step.
 
 `--sweep FLAG=V1,V2` (repeatable) simulates the cross product; `--search fastest|fewest-gpus|cheapest`
-explores GPU count, TP, GPUs per engine, micro-batch size and memory utilisation and prints the
+explores the axes of `vime.runs.search` (GPU count, TP, PP, GPUs per engine, micro-batch size, memory
+utilisation), pruning what cannot fit or cannot win before simulating, and prints the
 winning `vime train` command line (`train_command`: real-run flags only, a named placeholder where a
 path is needed). Every result carries its cost: GPU-seconds per step and per 1000 samples. Points run in local processes (all cores by default) or as
 Ray tasks on a cluster given by `--ray-address`. Results are ordered by a stable key, so the same
@@ -15,7 +16,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ class PointResult:
     samples: int = 0  # samples trained per step (rollout batch × samples per prompt)
     gpu_s_per_step: float = 0.0  # GPUs × T_step (fitting points)
     gpu_s_per_1k_samples: float = 0.0
+    stage: str = "full"  # every step of --num-rollout, or "one-step": a search's first pass (step 0 alone)
 
     def rank_key(self) -> tuple[Any, ...]:
         """Fitting points first by T_step, then OOM points, then invalid ones; ties by the changes."""
@@ -288,92 +290,15 @@ def _run_pool(n: int, fn: Callable[..., Any], calls: list[tuple[Any, ...]], out:
 # --------------------------------------------------------------------------------------------
 
 
-def _divisors(n: int, options: Iterable[int]) -> list[int]:
-    return [x for x in options if x <= n and n % x == 0]
-
-
-def search_space(base: Args, max_gpus: int) -> list[list[dict[str, Any]]]:
-    """Candidate configurations grouped by (GPUs, TP, GPUs per engine); each group is ordered so
-    that the first fitting point is the group's fastest (bigger micro-batches and more KV cache
-    are never slower in the model)."""
-    groups = []
-    gpu_counts = [g for g in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128) if g <= max_gpus]
-    gbs = int(base.global_batch_size)
-    for gpus in gpu_counts:
-        nodes, per_node = (1, gpus) if gpus <= 8 else (gpus // 8, 8)
-        if gpus > 8 and gpus % 8:
-            continue
-        for tp in _divisors(min(gpus, 8), (1, 2, 4, 8)):
-            dp = gpus // tp
-            if gpus % tp:
-                continue
-            for eg in _divisors(min(gpus, 8), (1, 2, 4, 8)):
-                group = []
-                for mbs in (16, 8, 4, 2, 1):
-                    if gbs % (mbs * dp):
-                        continue
-                    for util in (0.9, 0.8, 0.7, 0.6):
-                        group.append({"actor_num_nodes": nodes, "actor_num_gpus_per_node": per_node,
-                                      "tensor_model_parallel_size": tp, "rollout_num_gpus_per_engine": eg,
-                                      "micro_batch_size": mbs, "gpu_memory_utilization": util})
-                if group:
-                    groups.append(group)
-    return groups
-
-
-def _first_fit(base: Args, group: list[dict[str, Any]], max_tries: int) -> PointResult | None:
-    """The group's first fitting point, else its last point tried (an OOM or invalid row that says why)."""
-    r = None
-    for changes in group[:max_tries]:
-        r = simulate_point(base, changes)
-        if r.valid and r.fits:
-            return r
-    return r
-
-
 def search(base: Args, *, goal: str = "fastest", max_gpus: int = 64, target_step_time: float | None = None,
-           workers: int | None = None, progress: bool = False, max_tries: int = 6) -> tuple[PointResult | None,
-                                                                                           list[PointResult]]:
+           workers: int | None = None, progress: bool = False) -> tuple[PointResult | None, list[PointResult]]:
     """Find the fastest fitting configuration, the fewest GPUs meeting `target_step_time`, or the cheapest
-    (fewest GPU-seconds per sample; meeting `target_step_time` when given).
+    (fewest GPU-seconds per sample; meeting `target_step_time` when given): `vime.runs.search.run_search`
+    over its axes, returning (winner or None, every simulated point ranked)."""
+    from vime.runs.search import run_search
 
-    Each (GPUs, TP, GPUs-per-engine) group is searched for its first fitting point in parallel;
-    returns (winner or None, every group's best — or, where nothing fit, its last try — ranked).
-    """
-    if goal not in GOALS:
-        raise ConfigError(f"--search {goal!r}: use one of {', '.join(GOALS)}")
-    if goal == "fewest-gpus" and target_step_time is None:
-        raise ConfigError("--search fewest-gpus needs --target-step-time SECONDS")
-    groups = search_space(base, max_gpus)
-    if not groups:
-        raise ConfigError(f"--search: no GPU count up to --max-gpus {max_gpus} divides the batch; raise --max-gpus")
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(groups), unit="group", disable=not progress, file=sys.stderr, desc="searching")
-    n = max(1, min(workers or os.cpu_count() or 1, len(groups)))
-    found: list[PointResult] = []
-    try:
-        if n == 1:
-            for g in groups:
-                r = _first_fit(base, g, max_tries)
-                if r is not None:
-                    found.append(r)
-                bar.update(1)
-        else:
-            _run_pool(n, _first_fit, [(base, g, max_tries) for g in groups], found, bar)
-    except KeyboardInterrupt:
-        raise Interrupted(len(groups), sorted(found, key=PointResult.rank_key)) from None
-    finally:
-        bar.close()
-    ranked = sorted(found, key=PointResult.rank_key)
-    fitting = [r for r in ranked if r.valid and r.fits]
-    if goal == "fastest":
-        return (fitting[0] if fitting else None), ranked
-    meeting = [r for r in fitting if target_step_time is None or r.t_step <= target_step_time]
-    if goal == "cheapest":
-        best = min(meeting, key=lambda r: (r.gpu_s_per_1k_samples, r.gpus, r.t_step)) if meeting else None
-    else:
-        best = min(meeting, key=lambda r: (r.gpus, r.t_step)) if meeting else None
+    best, ranked, _ = run_search(base, goal=goal, max_gpus=max_gpus, target_step_time=target_step_time,
+                                 workers=workers, progress=progress)
     return best, ranked
 
 

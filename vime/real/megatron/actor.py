@@ -34,6 +34,7 @@ from vime.real.megatron.offload import (
     fingerprint,
     kept_tensors,
     make_offload_backend,
+    plan_tags,
     state_bytes,
 )
 from vime.real.megatron.reference import ReferenceModel
@@ -85,6 +86,7 @@ class ActorConfig:
     rollout_temperature: float = 1.0
     # Offload (seed steps 37, 41): see make_offload_backend; always the accounted no-op on CPU.
     offload_backend: str = "auto"
+    train_offload_plan: str = "all"  # the tags a sleep sends away (--train-offload-plan); the rest stay mapped
     torch_threads: int = 1
     collective_timeout_s: float = 600.0  # a rank that never joins a collective fails the call instead of hanging
 
@@ -197,7 +199,7 @@ class MegatronActor:
             self.scorer = TokenScorer(self.spec.vocab_size, self.tp_rank, self.cfg.rollout_temperature)
             if not self.cpu:
                 init_communicators(ps, self._device())
-            self.offload = make_offload_backend(self.cfg.offload_backend)
+            self.offload = make_offload_backend(self.cfg.offload_backend, self.cfg.train_offload_plan)
             built = build_model(self.spec, self.cfg, tp=self.tp, cpu=self.cpu, offload=self.offload)
             self.tf_config, self.model, self.optimizer = built.tf_config, built.model, built.optimizer
             self._adam_state_up_front = built.adam_state_up_front
@@ -351,7 +353,7 @@ class MegatronActor:
     def sleep(self) -> dict[str, Any]:
         """Offload params and optimizer state, drop grads (seed step 41)."""
         self._check_awake("sleep")
-        nbytes = state_bytes(self.model, self.optimizer)
+        nbytes = state_bytes(self.model, self.optimizer, plan_tags(self.cfg.train_offload_plan))
         self.model.zero_grad_buffer()
         # the CPU stand-in moves nothing, so there is nothing to check at wake
         self._sleep_fingerprint = None if self.cpu else fingerprint(kept_tensors(self.module, self.optimizer))

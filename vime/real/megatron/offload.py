@@ -77,18 +77,30 @@ class TorchMemorySaverOffload:
         self.events.append("resume")
 
 
+def plan_tags(plan: str) -> list[str]:
+    """The tags of OFFLOAD_TAGS a --train-offload-plan sends away ("all": every one); the rest stay mapped."""
+    if plan == "auto":
+        raise ConfigError("--train-offload-plan auto is chosen by the simulator: run `vime simulate ... "
+                          "--train-offload-plan auto` and pass the plan it prints")
+    return list(OFFLOAD_TAGS) if plan == "all" else [t for t in OFFLOAD_TAGS if t in plan.split(",")]
+
+
 class CuMemOffload:
-    """vime's CuMem allocator (`vime.real.cumem`, GPU): the trainer's state lives in regions of three
-    tags (params, grads, optimizer); pause copies params and optimizer state to persistent pinned host
-    buffers, drops grads, and resume maps all three back at the same addresses. Not exercised on CPU
-    (the GPU issue covers it)."""
+    """vime's CuMem allocator (`vime.real.cumem`): the trainer's state lives in regions of three tags
+    (params, grads, optimizer); pause copies the plan's params and optimizer state to persistent pinned
+    host buffers, drops its grads, and leaves the tags the plan keeps mapped; resume maps them back at the
+    same addresses. `allocator` (a `CuMemAllocator`) replaces the process's CUDA one (the fake driver's, on CPU)."""
 
     name = "cumem"
 
-    def __init__(self) -> None:
-        from vime.real.cumem.torch_hook import trainer_cumem
+    def __init__(self, tags: Sequence[str] = OFFLOAD_TAGS, allocator: Any = None) -> None:
+        if allocator is None:
+            from vime.real.cumem.torch_hook import trainer_cumem
 
-        self._hook = trainer_cumem(torch.cuda.current_device())
+            self._hook: Any = trainer_cumem(torch.cuda.current_device())
+            allocator = self._hook.allocator
+        self.allocator = allocator
+        self.tags = [t for t in OFFLOAD_TAGS if t in tags]
         self.paused = False
         self.offloaded_bytes = 0
         self.events: list[str] = []
@@ -97,20 +109,23 @@ class CuMemOffload:
         return self._hook.region(tag)
 
     def pause(self, nbytes: int) -> None:
-        self._hook.allocator.pause(list(OFFLOAD_TAGS))
+        if self.tags:
+            self.allocator.pause(self.tags)
         self.paused = True
         self.offloaded_bytes = nbytes
         self.events.append("pause")
 
     def resume(self) -> None:
-        self._hook.allocator.resume(list(OFFLOAD_TAGS))
+        if self.tags:
+            self.allocator.resume(self.tags)
         self.paused = False
         self.offloaded_bytes = 0
         self.events.append("resume")
 
 
-def make_offload_backend(name: str) -> Any:
-    """The hook that picks the trainer's sleep/wake implementation (Args: --train-offload-backend).
+def make_offload_backend(name: str, plan: str = "all") -> Any:
+    """The hook that picks the trainer's sleep/wake implementation (Args: --train-offload-backend), offloading
+    the tags of `plan` (--train-offload-plan; only vime's CuMem allocator offloads some tags and not others).
 
     Without CUDA every choice becomes the accounted no-op. With CUDA: "cumem" (vime's allocator,
     the default of `vime.config`), "torch_memory_saver", or "auto" (= torch_memory_saver).
@@ -118,10 +133,13 @@ def make_offload_backend(name: str) -> Any:
     known = ("auto", "noop", "cumem", "torch_memory_saver")
     if name not in known:
         raise ConfigError(f"offload backend {name!r} is unknown; use one of {', '.join(known)}")
+    tags = plan_tags(plan)
+    if name != "cumem" and plan != "all":
+        raise ConfigError(f"--train-offload-plan {plan} needs --train-offload-backend cumem (got {name})")
     if name == "noop" or not torch.cuda.is_available():
         return AccountedNoopOffload()
     if name == "cumem":
-        return CuMemOffload()
+        return CuMemOffload(tags)
     return TorchMemorySaverOffload()
 
 
@@ -157,8 +175,14 @@ def init_adam_state(optimizer: Any) -> bool:
     return True
 
 
-def state_bytes(model: Any, optimizer: Any) -> int:
-    """Bytes a sleep moves or drops: the module's parameters, DDP's gradient buffers, the optimizer's state."""
+def state_bytes(model: Any, optimizer: Any, tags: Sequence[str] = OFFLOAD_TAGS) -> int:
+    """Bytes a sleep moves or drops: of `tags`, the module's parameters, DDP's gradient buffers, the optimizer's state."""
+    by_tag = state_bytes_by_tag(model, optimizer)
+    return sum(by_tag[t] for t in tags)
+
+
+def state_bytes_by_tag(model: Any, optimizer: Any) -> dict[str, int]:
+    """The trainer's state in bytes under each of OFFLOAD_TAGS."""
     module = model.module
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in model.buffers)
@@ -178,7 +202,7 @@ def state_bytes(model: Any, optimizer: Any) -> int:
                 if id(p) not in seen:
                     seen.add(id(p))
                     opt += p.numel() * p.element_size()
-    return params + grads + opt
+    return {"params": params, "grads": grads, "optimizer": opt}
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightB
 from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
 from vime.sim.trainer.cost_model import ActorCostModel
 from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
+from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
     from vime.config import AlgoConfig, ClusterConfig, ParallelConfig
@@ -85,6 +86,8 @@ class SimTrainer(ActorCostModel):
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
                                       pinned=pinned or _pinned_mode(placement.train_offload_backend),
                                       recorder=cluster.recorder, env=cluster.env)
+        self.offload_plan = placement.train_offload_plan
+        offload_plan_sets(self.offload_plan)  # "auto" must be resolved before a trainer is built
         self.initialized = False
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
@@ -122,7 +125,8 @@ class SimTrainer(ActorCostModel):
         self.lifecycle.check("sleep")
         t0 = float(self.cluster.env.now)
         await self._call()
-        await self.allocator.sleep(["params", "optimizer"], ["grads", "activations"])
+        # --train-offload-plan: the tags it leaves out stay resident ("all": params and optimizer to host)
+        await self.allocator.sleep(*offload_plan_sets(self.offload_plan))
         self.lifecycle.apply("sleep")
         self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
 

@@ -1,0 +1,142 @@
+"""`--search` at scale (issue 25): pruning is sound (the exhaustive run's winner, bounds below every simulated T_step,
+every memory-pruned point fails when simulated), rules are counted, Ctrl-C returns the best so far."""
+
+from __future__ import annotations
+
+import pytest
+
+from vime.config import parse_args
+from vime.errors import ConfigError, Interrupted
+from vime.runs import search as search_mod
+from vime.runs.prune import Screen, probe_lengths
+from vime.runs.search import AXES, PLANNING_AXES, RULES, Axis, grid, run_search
+from vime.runs.sweep import simulate_point
+
+SMALL = ["--model", "Qwen3-0.6B", "--rollout-batch-size", "8", "--num-rollout", "2"]
+#: A small space the exhaustive run covers in seconds: 1–8 GPUs, two values per other axis.
+AXES_SMALL = (Axis("gpus", (1, 2, 4, 8)), Axis("tensor_model_parallel_size", (1, 2)),
+              Axis("pipeline_model_parallel_size", (1, 2)), Axis("rollout_num_gpus_per_engine", (1, 4)),
+              Axis("micro_batch_size", (8, 1)), Axis("gpu_memory_utilization", (0.9, 0.5)))
+
+
+@pytest.fixture(scope="module")
+def exhaustive():
+    base = parse_args(SMALL, command="simulate")
+    points = grid(8, AXES_SMALL)
+    best, ranked, stats = run_search(base, points=points, workers=1, exhaustive=True)
+    assert stats.full == len(points) and sum(stats.pruned.values()) == 0
+    return base, points, ranked
+
+
+@pytest.mark.parametrize(("goal", "target"), [("fastest", None), ("cheapest", None), ("cheapest", 5.0),
+                                              ("fewest-gpus", 5.0)])
+def test_the_pruned_search_returns_the_exhaustive_winner(exhaustive, goal: str, target: float | None) -> None:
+    base, points, ranked = exhaustive
+    meeting = [r for r in ranked if r.valid and r.fits and (target is None or r.t_step <= target)]
+    assert meeting, "the space must hold a configuration meeting the goal"
+    want = min(meeting, key=lambda r: (search_mod.objective(goal, r), search_mod._tie(r.changes)))
+    best, _, stats = run_search(base, goal=goal, target_step_time=target, points=points, workers=1)
+    assert best is not None and best.changes == want.changes and best.t_step == want.t_step
+    assert stats.considered == len(points)
+    assert stats.full + sum(stats.pruned.values()) == len(points)
+    assert stats.full < len(meeting)  # pruning saved simulations
+    assert stats.pruned["invalid"] > 0 and stats.pruned["bound"] + stats.pruned["target"] > 0
+
+
+def test_each_side_of_the_step_depends_on_its_own_options_only(exhaustive) -> None:
+    """What the measured-phase bound rests on: the engines' phases are the same whatever the trainer's layout,
+    and the train phase is the same whatever the engines' options."""
+    _, _, ranked = exhaustive
+    sides = {ax.dest: ax.side for ax in AXES}
+    seen: dict[tuple[str, str], set[float]] = {}
+    for r in ranked:
+        if r.valid and r.fits:
+            for side, phases in (("engine", search_mod.ENGINE_PHASES), ("trainer", search_mod.TRAINER_PHASES)):
+                key = (side, search_mod._side_key(r.changes, side, sides))
+                seen.setdefault(key, set()).add(round(sum(r.phases[p] for p in phases), 6))
+    assert all(len(v) == 1 for v in seen.values()), seen
+    assert sum(1 for (side, _) in seen if side == "engine") < len([r for r in ranked if r.valid and r.fits])
+
+
+def test_the_one_step_first_pass_gives_the_same_winner(exhaustive) -> None:
+    base, points, ranked = exhaustive
+    best, _, stats = run_search(base, points=points, workers=1, one_step=True)
+    want = min((r for r in ranked if r.valid and r.fits), key=lambda r: (r.t_step, search_mod._tie(r.changes)))
+    assert best is not None and best.changes == want.changes and best.stage == "full"
+    assert stats.one_step > 0
+
+
+def test_the_lower_bound_is_below_every_simulated_step(exhaustive) -> None:
+    base, points, ranked = exhaustive
+    screen = Screen(base, probe_lengths(base))
+    checked = 0
+    for r in ranked:
+        if not (r.valid and r.fits):
+            continue
+        args = base.replace(**r.changes)
+        lbs = screen.step_lower_bounds(args, screen.cost_model(args))
+        assert sum(lbs) / len(lbs) <= r.t_step, r.changes
+        assert sum(lbs) / len(lbs) > 0.5 * r.t_step  # and not vacuous
+        checked += 1
+    assert checked > 10
+
+
+def test_every_point_the_memory_check_rejects_fails_when_simulated() -> None:
+    base = parse_args(["--model", "Qwen3-32B", "--rollout-batch-size", "8", "--num-rollout", "1"], command="simulate")
+    axes = (Axis("gpus", (1, 2, 8)), Axis("tensor_model_parallel_size", (1, 2, 8)),
+            Axis("rollout_num_gpus_per_engine", (1, 8)), Axis("micro_batch_size", (8,)),
+            Axis("gpu_memory_utilization", (0.9, 0.3)))
+    screen = Screen(base, probe_lengths(base))
+    rejected = []
+    for changes in grid(8, axes):
+        try:
+            args = base.replace(**changes)
+        except ConfigError:
+            continue
+        reason = screen.memory(args, screen.cost_model(args))
+        if reason:
+            rejected.append((changes, reason))
+    assert any("trainer needs" in why for _, why in rejected)
+    assert any("KV cache" in why for _, why in rejected)
+    for changes, why in rejected:
+        r = simulate_point(base, changes)
+        assert not (r.valid and r.fits), (changes, why)
+
+
+def test_ctrl_c_returns_the_best_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = parse_args(SMALL, command="simulate")
+    real = search_mod._simulate
+    calls = []
+
+    def interrupting(*args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(search_mod, "_simulate", interrupting)
+    with pytest.raises(Interrupted) as stop:
+        run_search(base, points=grid(8, AXES_SMALL), workers=1)
+    results = stop.value.results
+    assert len(results) == 3 and stop.value.total == len(grid(8, AXES_SMALL))
+    assert results[0].t_step == min(r.t_step for r in results if r.valid and r.fits)
+
+
+def test_an_axis_is_one_line_and_the_planning_grid_reaches_ten_thousand() -> None:
+    assert len(grid(128, PLANNING_AXES)) >= 10_000
+    # what --search searches by default is what the real trainer runs: no pipeline stages
+    assert {p.get("pipeline_model_parallel_size", 1) for p in grid(128)} == {1}
+    extra = (*AXES, Axis("max_num_seqs", (128, 256)))
+    assert len(grid(8, extra)) == 2 * len(grid(8))
+    assert {p["max_num_seqs"] for p in grid(8, extra)} == {128, 256}
+    assert set(RULES) >= {"invalid", "memory", "bound"}
+
+
+def test_search_refuses_a_ray_address_it_would_not_use() -> None:
+    with pytest.raises(ConfigError, match="--ray-address runs --sweep points"):
+        parse_args(["--search", "fastest", "--ray-address", "auto"], command="simulate")
+
+
+def test_search_refuses_an_offload_plan_that_would_choose_the_memory_fraction_itself() -> None:
+    with pytest.raises(ConfigError, match="--train-offload-plan auto chooses --gpu-memory-utilization"):
+        parse_args(["--search", "fastest", "--train-offload-plan", "auto"], command="simulate")
