@@ -13,6 +13,7 @@ from typing import Any
 
 from vime.config import Args
 from vime.errors import SimulationError
+from vime.faults import faults_of, format_fault_report, stop_message
 from vime.outputs import write_atomic
 from vime.runs.sweep import PointResult
 
@@ -88,10 +89,17 @@ def run_simulate(args: Any) -> int:
         sim = simulate(args, progress=False, on_step=trackers.step, **recording)
     finally:
         trackers.close()
+    faults = faults_of(sim)
+    if faults is not None and faults["outcome"] == "stopped":
+        print(_dumps({"schema": "vime.simulate/faults", "faults": faults}) if args.json else format_fault_report(faults))
+        print(f"vime simulate: {stop_message(faults)}", file=sys.stderr)
+        return 1
     if sim.oom is not None:
         sim.fix_results = simulate_fixes(sim)
         sim.fixes = fix_lines(sim.fix_results)
     doc = build_document(sim, calls=calls)
+    if faults is not None:
+        doc["faults"] = faults
     text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
     if args.trace_out:
         from vime.report.trace import recorder_trace
@@ -105,6 +113,8 @@ def run_simulate(args: Any) -> int:
         print(text)
     else:
         print(format_text(doc))
+        if faults is not None:
+            print("\n" + format_fault_report(faults))
         for path, what in ((args.trace_out, "trace"), (args.report, "report")):
             if path:
                 print(f"{what} written to {path}", file=sys.stderr)

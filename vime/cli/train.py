@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from vime.errors import ConfigError
+from vime.faults import faults_of, stop_message
 from vime.orchestrator import PHASES, StartupReport, StepReport
 
 _SHORT = {"rollout": "rollout", "offload": "offload", "train": "train", "onload_weights": "onload_w",
@@ -110,6 +111,15 @@ class _Printer:
                 print(f"  note: {note}", file=self.out, flush=True)
             print(format_table(doc), file=self.out, flush=True)
 
+    def faults(self, rep: dict[str, Any]) -> None:
+        """What the --fault specs did, what was lost, how to resume (one ``faults`` event with --json)."""
+        if self.as_json:
+            self._emit({"event": "faults", **rep})
+        else:
+            from vime.faults import format_fault_report
+
+            print(format_fault_report(rep), file=self.out, flush=True)
+
     def _emit(self, obj: dict[str, Any]) -> None:
         print(json.dumps(obj, sort_keys=True), file=self.out, flush=True)
 
@@ -145,6 +155,12 @@ def run_train(args: Any) -> int:
                                    "engines": args.rollout_num_engines, "samples_per_rollout": args.samples_per_rollout,
                                    "seed": args.seed})
             sim = simulate(args, progress=None, on_startup=printer.startup, on_step=on_step, **recording)
+            faults = faults_of(sim)
+            if faults is not None:
+                printer.faults(faults)
+                if faults["outcome"] == "stopped":
+                    print(f"vime train: {stop_message(faults)}", file=sys.stderr)
+                    return 1
             if sim.oom is not None:
                 raise sim.oom
             if args.trace_out or args.report:

@@ -59,6 +59,7 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
     _algorithm(v)
     _sim_inputs(v)
     _files(v, set(raw), command)
+    _faults(v, engines)
     gbs, mbs = v["global_batch_size"], v["micro_batch_size"]
     v["derived"] = DerivedConfig(
         command=command,
@@ -381,3 +382,12 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
 def _divisor_near(n: int, want: int) -> int:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return min(divisors, key=lambda d: (abs(d - want), d))
+
+
+def _faults(v: dict[str, Any], engines: int) -> None:
+    """--fault specs against the run they are injected into (engines, rollouts, backend)."""
+    from vime.faults import check_faults
+
+    v["fault"] = tuple(v["fault"] or ())
+    check_faults(v["fault"], engines=engines, num_rollout=v["num_rollout"], start_rollout_id=v["start_rollout_id"],
+                 backend=v["backend"], offload_rollout=bool(v["offload_rollout"]))

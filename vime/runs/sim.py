@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vime.errors import OutOfMemoryError
+from vime.faults import FaultStop
 from vime.orchestrator import Orchestrator, RunReport, StartupReport, StepReport
 from vime.protocols import StepObserver
 from vime.rollout.data_source import DataSource, EvalSet, SyntheticDataset, eval_sets_from_files
@@ -33,6 +34,7 @@ class Simulation:
     wall_s: float = 0.0
     fixes: list[str] = field(default_factory=list)
     fix_results: list[dict[str, Any]] = field(default_factory=list)  # vime.runs.fixes.simulate_fixes
+    faults: Any = None  # vime.sim.faults.SimFaults with --fault (its log says what happened)
 
     @property
     def fits(self) -> bool:
@@ -121,8 +123,15 @@ def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | 
     t0 = time.perf_counter()
     backends = build_sim_backends(args, hardware=hardware, model=model, seed=seed, start=False)
     replaced = wrap(backends) if wrap is not None else {}
+    faults = None
+    if getattr(args, "fault", ()):
+        from vime.sim.faults import SimFaults
+
+        faults = SimFaults(args, backends)
+        replaced = faults.wrap(backends, replaced)
+        observers = [*observers, faults]
     orch = build_sim_orchestrator(args, backends, observers=observers, progress=progress, **replaced)
-    result = Simulation(args, backends, orch)
+    result = Simulation(args, backends, orch, faults=faults)
 
     def startup_done(report: StartupReport) -> None:
         result.startup = report
@@ -142,5 +151,9 @@ def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | 
         clock.run(main(), env=backends.env)
     except OutOfMemoryError as exc:
         result.oom = backends.recorder.oom or exc
+    except FaultStop:
+        if faults is None:
+            raise
+        # the run ended as its --fault said (faults.log.stopped); the steps before it are kept
     result.wall_s = time.perf_counter() - t0
     return result
