@@ -166,7 +166,7 @@ class RouterGate:
         self.inner = router
         self._up = asyncio.Event()
         self._up.set()
-        self._in_flight: set[asyncio.Task[Any]] = set()
+        self._in_flight: dict[asyncio.Task[Any], None] = {}  # ordered: cancelled in a fixed order (determinism)
         self._cut: set[asyncio.Task[Any]] = set()  # cancelled by down(), not by their caller
         self.held = 0  # requests that waited for the router
         self.cut = 0  # requests in flight when it went down
@@ -192,7 +192,7 @@ class RouterGate:
             self.held += 1
             await self._up.wait()  # the client's reconnect with backoff, until the router answers again
         task = asyncio.ensure_future(self.inner.generate(request))
-        self._in_flight.add(task)
+        self._in_flight[task] = None
         try:
             return await task
         except asyncio.CancelledError:
@@ -202,7 +202,7 @@ class RouterGate:
                                   "(connection reset)", retryable=True) from None
             raise
         finally:
-            self._in_flight.discard(task)
+            self._in_flight.pop(task, None)
             self._cut.discard(task)
 
     async def abort_all(self) -> None:
