@@ -247,3 +247,23 @@ def test_ctrl_c_during_a_two_worker_sweep_stops_every_worker_and_prints_what_fin
     assert "Traceback" not in err and "interrupted after" in err, err
     assert out.splitlines()[0].startswith("rank"), out  # the table of what finished
     assert not [w for w in workers if _alive(w)], "worker processes left running"
+
+
+def test_a_full_disk_loses_only_the_file_that_did_not_fit(tmp_path: Path) -> None:
+    """A file-size limit (RLIMIT_FSIZE: the kernel refuses writes past it, as on a full disk) on the
+    trace: the results are printed whole, the error is one line naming the file and the cause, and
+    no partial or temporary file is left."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the trace is larger; stdout is a pipe
+
+    trace = tmp_path / "trace.json"
+    proc = subprocess.run([sys.executable, "-m", "vime.cli", "simulate", "--json", "--trace-out", str(trace)],
+                          cwd=ROOT, capture_output=True, text=True, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and f"cannot write {trace}" in proc.stderr
+    assert "File too large" in proc.stderr
+    assert json.loads(proc.stdout)["summary"]["t_step"] > 0  # the results came out whole
+    assert list(tmp_path.iterdir()) == []  # neither half a trace nor a temporary file

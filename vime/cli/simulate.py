@@ -101,6 +101,14 @@ def run_simulate(args: Any) -> int:
     if faults is not None:
         doc["faults"] = faults
     text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
+    # the results first: a file that cannot be written (a full disk) then loses nothing but itself
+    if args.json:
+        print(text, flush=True)
+    else:
+        print(format_text(doc))
+        if faults is not None:
+            print("\n" + format_fault_report(faults))
+        sys.stdout.flush()
     if args.trace_out:
         from vime.report.trace import recorder_trace
 
@@ -109,12 +117,7 @@ def run_simulate(args: Any) -> int:
         from vime.report.html import render_html
 
         write_atomic(args.report, render_html(doc, sim.backends.recorder, trace_href=trace_href(args)))
-    if args.json:
-        print(text)
-    else:
-        print(format_text(doc))
-        if faults is not None:
-            print("\n" + format_fault_report(faults))
+    if not args.json:
         for path, what in ((args.trace_out, "trace"), (args.report, "report")):
             if path:
                 print(f"{what} written to {path}", file=sys.stderr)

@@ -172,7 +172,8 @@ def run_train(args: Any) -> int:
 
         printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
         if not (args.trace_out or args.report):
-            run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement, **recording)
+            run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement,
+                     on_faults=printer.faults, **recording)
             return 0
         from vime.real.telemetry import MemorySampler, MonotonicClock
         from vime.report.recorder import Recorder
@@ -181,7 +182,8 @@ def run_train(args: Any) -> int:
         recorder = Recorder(MonotonicClock())
         with MemorySampler(recorder) as sampler:
             report = run_real(args, on_startup=printer.startup, on_step=on_step, wrap=recording.get("wrap"),
-                              observers=[recorder, *recording.get("observers", [])], on_placement=printer.placement)
+                              observers=[recorder, *recording.get("observers", [])], on_placement=printer.placement,
+                              on_faults=printer.faults)
         _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder, printer,
                        device_names=sampler.names)
         return 0
