@@ -83,6 +83,7 @@ def test_every_flag_with_a_bad_value_is_a_one_line_error_or_a_valid_config(comma
     (["--target-step-time", "30"], "--target-step-time"),
     (["--load", "/no/such/checkpoint"], "--load"), (["--prompt-data", "/no/such.jsonl"], "--prompt-data"),
     (["--trace-out", "/no/such/dir/t.json"], "--trace-out"), (["--report", "/tmp"], "--report"),
+    (["--rollout-batch-size", "1000000"], "simulator's limit"),
 ])
 def test_named_classes_of_bad_flags_fail_before_any_work(argv: list[str], needle: str) -> None:
     rc, _, err = _cli(["simulate", *argv])

@@ -67,6 +67,10 @@ def format_text(doc: dict[str, Any]) -> str:
 
 
 
+#: from this many simulated samples on, `vime simulate` announces the run and shows its progress
+LARGE_RUN_SAMPLES = 200_000
+
+
 def run_simulate(args: Any) -> int:
     """`vime simulate`: one configuration (tables or --json), or a sweep / search over many."""
     if args.sweep or args.search:
@@ -85,8 +89,13 @@ def run_simulate(args: Any) -> int:
         calls = CallLog()
         log = calls
         recording = {"observers": [log], "wrap": lambda b: log.wrap(b.engines, b.router, b.trainer)}
+    samples = int(args.samples_per_rollout) * max(1, int(args.num_rollout))
+    big = samples >= LARGE_RUN_SAMPLES
+    if big:  # a long run says so up front, and a terminal gets each rollout's progress bar
+        print(f"simulating {samples:,} samples ({args.num_rollout} rollout(s) of {args.samples_per_rollout:,}); "
+              f"runs this size take minutes", file=sys.stderr, flush=True)
     try:
-        sim = simulate(args, progress=False, on_step=trackers.step, **recording)
+        sim = simulate(args, progress=None if big and not args.json else False, on_step=trackers.step, **recording)
     finally:
         trackers.close()
     faults = faults_of(sim)
