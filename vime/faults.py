@@ -36,8 +36,8 @@ KINDS: dict[str, tuple[str, ...]] = {  # kind -> the keys it takes
 #: phases an engine crash may be placed in (the orchestrator's, `vime.orchestrator.PHASES`)
 CRASH_PHASES = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")
 WAKE_PHASES = ("onload_weights", "onload_kv")
-#: what `vime train --backend real` can inject: it kills a server process (vime.real.faults)
-REAL_KINDS = ("engine-crash",)
+#: what `vime train --backend real` can inject: it kills an engine's server or the router (vime.real.faults)
+REAL_KINDS = ("engine-crash", "router-down")
 _GRAMMAR = ("KIND[:key=value,...] with KIND one of " + ", ".join(KINDS)
             + " (e.g. engine-crash:engine=1,step=0,at=2)")
 
@@ -151,8 +151,8 @@ def check_faults(texts: Sequence[str], *, engines: int, num_rollout: int, start_
             raise ConfigError(f"{where}: phase {s.phase} does not happen with --no-offload-rollout")
         if backend == "real":
             if s.kind not in REAL_KINDS:
-                raise ConfigError(f"{where}: vime train --backend real cannot inject {s.kind} (it can kill an engine's "
-                                  f"server: {', '.join(REAL_KINDS)}); use --backend sim (or vime simulate) for {s.kind}")
+                raise ConfigError(f"{where}: vime train --backend real cannot inject {s.kind} (it kills processes: "
+                                  f"{', '.join(REAL_KINDS)}); use --backend sim (or vime simulate) for {s.kind}")
             if s.phase not in (None, "rollout") or s.time is not None:
                 raise ConfigError(f"{where}: --backend real kills a server during a rollout only (phase=rollout with "
                                   f"step= and at=); use --backend sim for a crash in {s.phase or 'any phase'}")

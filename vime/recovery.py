@@ -178,9 +178,11 @@ class RouterGate:
     def is_down(self) -> bool:
         return not self._up.is_set()
 
-    def down(self) -> None:
+    def down(self, *, cut: bool = True) -> None:
+        """From now on requests wait; with `cut` those in flight fail now (the simulator's; a real router
+        that is killed cuts its connections itself)."""
         self._up.clear()
-        for task in list(self._in_flight):
+        for task in list(self._in_flight) if cut else ():
             self._cut.add(task)
             task.cancel()
 

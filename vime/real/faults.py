@@ -1,11 +1,13 @@
-"""`--fault engine-crash` on the real backend: the engine's vLLM server process group is killed (SIGKILL) during the rollout the spec names; the run recovers as from any crash.
+"""`--fault` on the real backend: ``engine-crash`` kills the engine's vLLM server process group (SIGKILL) during the rollout the spec names, ``router-down`` kills vllm-router and starts it again after ``for`` seconds.
 
-What follows is the run's own recovery, nothing staged: vllm-router retries the lost requests on
+After an engine crash the recovery is the run's own, nothing staged: vllm-router retries the lost requests on
 the other engines, the orchestrator's health check after the rollout finds the engine dead and
 restarts its server through the fleet (`RolloutEngine.restart()`), and it rejoins with the next
 weights. The engines are wrapped in `vime.recovery.SupervisedEngine`, so a server that dies in a
-control call is restarted there too, and every restart is logged. Servers on this machine only:
-the kill is a local signal to the server's process group (its guard's child).
+control call is restarted there too, and every restart is logged. While the router is down the
+router client is a `vime.recovery.RouterGate`: requests cut by the kill fail and are retried by the
+rollout, and every request waits until the router answers again (the client's reconnect). Processes
+on this machine only: the kills are local signals to process groups.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from vime.errors import EngineError
 from vime.faults import FaultLog, FaultSpec, parse_fault
-from vime.recovery import SupervisedEngine
+from vime.recovery import RouterGate, SupervisedEngine
 
 
 def server_groups(guard_pid: int) -> list[int]:
@@ -47,6 +49,8 @@ class RealFaults:
         self.step: int | None = None
         self.phase: str | None = "startup"
         self._pending: list[asyncio.TimerHandle] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.gate: RouterGate | None = None
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -54,8 +58,11 @@ class RealFaults:
     def where(self) -> tuple[int | None, str | None]:
         return self.step, self.phase
 
-    def wrap(self, engines: list[Any]) -> list[Any]:
-        return [SupervisedEngine(e, self.log, now=self.now, where=self.where) for e in engines]
+    def wrap(self, engines: list[Any], router: Any) -> tuple[list[Any], Any]:
+        """The engines supervised, and the router behind a gate when a router-down spec is given."""
+        if any(s.kind == "router-down" for s in self.specs):
+            router = self.gate = RouterGate(router)
+        return [SupervisedEngine(e, self.log, now=self.now, where=self.where) for e in engines], router
 
     def on_phase(self, name: str, begin: bool, t: float, rollout_id: int | None) -> None:
         if not begin:
@@ -65,6 +72,8 @@ class RealFaults:
         for s in self.specs:
             if s.kind == "engine-crash" and s.step == rollout_id and s.phase == name:
                 self._pending.append(loop.call_later(s.at, self._kill, s))
+            elif s.kind == "router-down" and s.step == rollout_id and name == "rollout":
+                self._pending.append(loop.call_later(s.at, self._router_down, s))
 
     def on_call(self, component: str, call: str, t0: float, t1: float) -> None:
         pass
@@ -90,6 +99,25 @@ class RealFaults:
         self.log.add(self.now(), self.step, self.phase, "crash", name,
                      f"server process group(s) {groups} killed with SIGKILL (--fault {spec.text})")
 
-    def close(self) -> None:
+    def _router_down(self, spec: FaultSpec) -> None:
+        assert self.gate is not None
+        proc = next(p for p in reversed(self.session.launcher.processes) if p.name == "router")
+        self.gate.down(cut=False)  # the kill cuts what is in flight
+        os.killpg(proc.pid, signal.SIGKILL)
+        self.log.add(self.now(), self.step, self.phase, "down", "router",
+                     f"vllm-router (pid {proc.pid}) killed with SIGKILL for {spec.duration:g} s (--fault {spec.text})")
+        self._tasks.append(asyncio.ensure_future(self._router_back(spec)))
+
+    async def _router_back(self, spec: FaultSpec) -> None:
+        assert self.gate is not None
+        await asyncio.sleep(spec.duration)
+        took = await asyncio.to_thread(self.session.launcher.restart, "router", timeout_s=120.0)
+        self.gate.up()
+        self.log.add(self.now(), self.step, self.phase, "up", "router",
+                     f"started again (healthy after {took:.1f} s, same port); {self.gate.held} request(s) waited for it")
+
+    async def close(self) -> None:
         for handle in self._pending:
             handle.cancel()
+        for task in self._tasks:  # a router still down comes back before the session tears it down
+            await task

@@ -47,7 +47,7 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
                 from vime.real.faults import RealFaults
 
                 faults = RealFaults(args, session)
-                engines, extra = faults.wrap(list(engines)), [faults]
+                (engines, router), extra = faults.wrap(list(engines), router), [faults]
             rollout = build_rollout(args, router, num_engines=len(engines), tokenizer=session.tokenizer)
             orch = build_orchestrator(args, engines=engines, router=router, trainer=trainer,
                                       data_source=session.data_source, rollout=rollout,
@@ -63,7 +63,7 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
                 return await orch.run(on_startup=on_startup, on_step=step_done)
             finally:
                 if faults is not None:
-                    faults.close()
+                    await faults.close()
                     if on_faults is not None:
                         from vime.faults import fault_report
 
