@@ -268,3 +268,52 @@ def test_a_full_disk_loses_only_the_file_that_did_not_fit(tmp_path: Path) -> Non
     assert "File too large" in proc.stderr
     assert json.loads(proc.stdout)["summary"]["t_step"] > 0  # the results came out whole
     assert list(tmp_path.iterdir()) == []  # neither half a trace nor a temporary file
+
+
+LINE_VALUES = st.one_of(JSON_VALUES, st.dictionaries(st.sampled_from(["prompt", "label", "token_ids", "response_length",
+                                                                      "metadata"]), JSON_VALUES, max_size=4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINE_VALUES, min_size=1, max_size=3))
+def test_prompt_and_trace_files_with_any_lines_load_checked_or_fail_naming_file_and_line(lines: list[Any]) -> None:
+    """--prompt-data and trace:FILE with generated JSONL lines: a checked result or a ConfigError naming the file and line."""
+    import tempfile
+
+    from vime.rollout.data_source import load_jsonl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "in.jsonl"
+        path.write_text("".join(json.dumps(v) + "\n" for v in lines))
+        try:
+            data = load_jsonl(path)
+        except ConfigError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc), exc
+        else:
+            for s in data.samples:
+                assert s.tokens and all(type(t) is int and t >= 0 for t in s.tokens), s.tokens
+        try:
+            spec = parse_args(["--response-length", f"trace:{path}"], command="simulate").response_length
+            sampler = LengthSampler(spec)
+        except ConfigError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc), exc
+        else:
+            assert 1 <= sampler.response("k", 64).length <= 64
+
+
+def test_ctrl_c_during_one_large_simulation_exits_130_at_once() -> None:
+    """A run this size announces itself before it starts (the line this test waits on); Ctrl-C then ends it
+    with exit 130 and one line, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "vime.cli", "simulate", "--rollout-batch-size", "32768",
+                             "--num-rollout", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr is not None
+    announced = proc.stderr.readline()
+    assert "simulating 262,144 samples" in announced, announced
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("one simulation did not stop within 5 s of Ctrl-C") from None
+    assert proc.returncode == 130 and err.strip() == "vime simulate: interrupted" and out == "", err
