@@ -169,3 +169,13 @@ def test_the_real_backend_refuses_what_it_cannot_inject_naming_the_alternative(s
     for ok in ("engine-crash:engine=0,step=0,at=1", "router-down:step=0,at=1,for=2"):
         rc, _, err = _cli(["train", "--backend", "real", "--fault", ok, "--dry-run"])
         assert rc == 0, err
+
+
+def test_the_trace_marks_each_fault_event_on_its_own_track(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    rc, _, err = _cli(["simulate", "--fault", "engine-crash:engine=1,step=0,at=2", "--trace-out", str(trace)])
+    assert rc == 0, err
+    events = json.loads(trace.read_text())["traceEvents"]
+    marks = [(e["name"], e["args"]["target"]) for e in events if e.get("ph") in ("i", "I") and e["name"] in
+             ("crash", "restart")]
+    assert marks == [("crash", "engine1"), ("restart", "engine1")]

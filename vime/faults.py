@@ -171,10 +171,13 @@ class FaultLog:
     events: list[dict[str, Any]] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     stopped: str | None = None
+    recorder: Any = None  # a vime.report.recorder.Recorder: each event also an instant on its "faults" track
 
     def add(self, t: float, step: int | None, phase: str | None, what: str, target: str, detail: str) -> None:
         self.events.append({"t": round(float(t), 6), "step": step, "phase": phase, "event": what, "target": target,
                             "detail": detail})
+        if self.recorder is not None:
+            self.recorder.instant("faults", what, target=target, detail=detail)
 
 
 def resume_hint(save: str | None) -> str:

@@ -36,7 +36,7 @@ class SimFaults:
 
     def __init__(self, args: Any, backends: Any) -> None:
         self.specs: list[FaultSpec] = [parse_fault(t) for t in args.fault]
-        self.log = FaultLog(self.specs)
+        self.log = FaultLog(self.specs, recorder=backends.recorder)
         self.save = args.save
         self.env = backends.env
         self.raw = [_sim_engine(e) for e in backends.engines]
