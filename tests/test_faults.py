@@ -161,12 +161,12 @@ def test_bad_fault_specs_are_one_line_errors_naming_the_spec(spec: str, needle: 
         assert rc == 2 and needle in err and "--fault" in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("spec", ["trainer-crash:step=0", "wake-fail:step=0", "slow-engine:factor=2",
+@pytest.mark.parametrize("spec", ["wake-fail:step=0", "slow-engine:factor=2",
                                   "update-fail:step=0", "engine-crash:step=0,phase=train", "engine-crash:time=5"])
 def test_the_real_backend_refuses_what_it_cannot_inject_naming_the_alternative(spec: str) -> None:
     rc, _, err = _cli(["train", "--backend", "real", "--fault", spec, "--dry-run"])
     assert rc == 2 and "--backend real" in err and "--backend sim" in err and "--fault" in err, err
-    for ok in ("engine-crash:engine=0,step=0,at=1", "router-down:step=0,at=1,for=2"):
+    for ok in ("engine-crash:engine=0,step=0,at=1", "router-down:step=0,at=1,for=2", "trainer-crash:step=0"):
         rc, _, err = _cli(["train", "--backend", "real", "--fault", ok, "--dry-run"])
         assert rc == 0, err
 

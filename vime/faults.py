@@ -36,8 +36,8 @@ KINDS: dict[str, tuple[str, ...]] = {  # kind -> the keys it takes
 #: phases an engine crash may be placed in (the orchestrator's, `vime.orchestrator.PHASES`)
 CRASH_PHASES = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")
 WAKE_PHASES = ("onload_weights", "onload_kv")
-#: what `vime train --backend real` can inject: it kills an engine's server or the router (vime.real.faults)
-REAL_KINDS = ("engine-crash", "router-down")
+#: what `vime train --backend real` can inject: it kills an engine's server, the router or a trainer rank (vime.real.faults)
+REAL_KINDS = ("engine-crash", "router-down", "trainer-crash")
 _GRAMMAR = ("KIND[:key=value,...] with KIND one of " + ", ".join(KINDS)
             + " (e.g. engine-crash:engine=1,step=0,at=2)")
 

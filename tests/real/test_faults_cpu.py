@@ -12,6 +12,10 @@ and starts it again 3 s later; requests wait for it. Asserted: exit 0, every rol
 32 samples with one weight version each (1, 2), the fault section says crash, restart, down, up in
 that order with ``lost`` 0 and taken = trained, and `vime simulate` with the same flags and faults
 reports the same events and counts (the outcome matches the simulator's).
+
+``trainer-crash:step=1`` (one engine, colocated, a save after every rollout) kills trainer rank 0 as
+rollout 1's train phase begins: the run ends with exit 1 and, as its last line, the resume command
+(``--load`` of the save of rollout 0), no traceback; that command, run, resumes at rollout 1.
 """
 
 from __future__ import annotations
@@ -90,3 +94,33 @@ def test_a_killed_engine_and_a_killed_router_lose_nothing(tmp_path: Path) -> Non
         [(e["step"], e["event"], e["target"]) for e in faults["events"]]
     for key in ("taken_from_data", "trained", "lost", "failed", "returned_to_data"):
         assert twin["samples"][key] == real[key], (key, twin["samples"], real)
+
+
+def test_a_killed_trainer_ends_with_the_resume_command_and_the_resume_works(tmp_path: Path) -> None:
+    missing = _missing()
+    if missing:
+        pytest.skip(f"the real CPU stack is not installed ({', '.join(missing)}); bash scripts/install.sh --real")
+    from vime.testing.cpu_twin import build_inputs, run_flags
+
+    model, prompts = build_inputs(tmp_path, seed=1)
+    ckpt = tmp_path / "ckpt"
+    flags = [*run_flags(model, prompts, seed=1, num_rollout=2), "--save", str(ckpt), "--save-interval", "1", "--json"]
+    env = dict(os.environ, VIME_UPDATE_WEIGHT_DIR=str(tmp_path / "weights"), VIME_LOG_DIR=str(tmp_path / "logs"),
+               PYTHONUNBUFFERED="1", VIME_VLLM_START_TIMEOUT=os.environ.get("VIME_VLLM_START_TIMEOUT", "360"))
+    cmd = [sys.executable, "-m", "vime.cli", "train", "--backend", "real", *flags]
+    proc = subprocess.run([*cmd, "--fault", "trainer-crash:step=1"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("vime train: the trainer crashed in rollout 1's train phase"), last
+    assert f"rerun the same command with --load {ckpt}" in last and "(rollout 0, the next rollout is 1)" in last, last
+    events = _events(proc.stdout)
+    assert [e["rollout_id"] for e in events if e.get("event") == "step"] == [0]
+    (faults,) = [e for e in events if e.get("event") == "faults"]
+    assert faults["outcome"] == "stopped" and faults["samples"]["lost"] == 0 and faults["samples"]["trained"] == 32
+
+    # the resume it names: rollout 1 only, from the saved weights and data position
+    again = subprocess.run([*cmd, "--load", str(ckpt)], env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    steps = [e for e in _events(again.stdout) if e.get("event") == "step"]
+    assert [s["rollout_id"] for s in steps] == [1] and steps[0]["metrics"]["rollout/kept_samples"] == 32

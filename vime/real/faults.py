@@ -1,4 +1,4 @@
-"""`--fault` on the real backend: ``engine-crash`` kills the engine's vLLM server process group (SIGKILL) during the rollout the spec names, ``router-down`` kills vllm-router and starts it again after ``for`` seconds.
+"""`--fault` on the real backend: ``engine-crash`` kills the engine's vLLM server process group (SIGKILL) during the rollout the spec names, ``router-down`` kills vllm-router and starts it again after ``for`` seconds, ``trainer-crash`` kills trainer rank 0's process as that rollout's train phase begins.
 
 After an engine crash the recovery is the run's own, nothing staged: vllm-router retries the lost requests on
 the other engines, the orchestrator's health check after the rollout finds the engine dead and
@@ -6,8 +6,9 @@ restarts its server through the fleet (`RolloutEngine.restart()`), and it rejoin
 weights. The engines are wrapped in `vime.recovery.SupervisedEngine`, so a server that dies in a
 control call is restarted there too, and every restart is logged. While the router is down the
 router client is a `vime.recovery.RouterGate`: requests cut by the kill fail and are retried by the
-rollout, and every request waits until the router answers again (the client's reconnect). Processes
-on this machine only: the kills are local signals to process groups.
+rollout, and every request waits until the router answers again (the client's reconnect). A killed
+trainer rank ends the run (the trainer names the rank); the fault section then says how to resume.
+Processes on this machine only: the kills are local signals.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class RealFaults:
                 self._pending.append(loop.call_later(s.at, self._kill, s))
             elif s.kind == "router-down" and s.step == rollout_id and name == "rollout":
                 self._pending.append(loop.call_later(s.at, self._router_down, s))
+            elif s.kind == "trainer-crash" and s.step == rollout_id and name == "train":
+                self._pending.append(loop.call_later(0.0, self._kill_trainer, s))
 
     def on_call(self, component: str, call: str, t0: float, t1: float) -> None:
         pass
@@ -98,6 +101,17 @@ class RealFaults:
                 pass
         self.log.add(self.now(), self.step, self.phase, "crash", name,
                      f"server process group(s) {groups} killed with SIGKILL (--fault {spec.text})")
+
+    def _kill_trainer(self, spec: FaultSpec) -> None:
+        ranks = self.session.placement.get("trainer_ranks") or []
+        pid = ranks[0].get("pid") if ranks else None
+        if pid is None:
+            raise EngineError("trainer", "fault", "trainer rank 0's process is unknown; cannot kill it")
+        os.kill(int(pid), signal.SIGKILL)
+        reason = f"the trainer crashed in rollout {self.step}'s train phase (--fault {spec.text})"
+        self.log.add(self.now(), self.step, self.phase, "crash", "trainer",
+                     f"rank 0 (pid {pid}) killed with SIGKILL (--fault {spec.text})")
+        self.log.stopped = reason
 
     def _router_down(self, spec: FaultSpec) -> None:
         assert self.gate is not None
