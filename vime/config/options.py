@@ -123,7 +123,8 @@ class TrainConfig:
     fault: tuple[str, ...] = opt((), "inject a fault (repeatable): engine-crash, slow-engine, wake-fail, update-fail, "
                                      "trainer-crash or router-down, as KIND:key=value,... (see vime/faults.py); the "
                                      "report says what happened, what was lost and how to resume; --backend real "
-                                     "injects engine-crash during a rollout only", type=fault_flag_type,
+                                     "injects engine-crash (in a rollout), router-down and trainer-crash",
+                                 type=fault_flag_type,
                                  metavar="SPEC", action="append")
     hf_checkpoint: str | None = opt(None, "Hugging Face checkpoint (architecture + tokenizer)",
                                     metavar="PATH")
