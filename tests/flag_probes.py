@@ -310,3 +310,22 @@ def ray_address(a: Any) -> Any:
     from vime.real.cluster import ray_address_of
 
     return ray_address_of(a.ray_address, environ={})
+
+
+def real_faults(a: Any) -> tuple[tuple[str, str, int | None], ...]:
+    """What the real run's fault observer arms as each rollout's phases begin (timers cancelled: nothing is killed)."""
+    import asyncio
+
+    from vime.real.faults import RealFaults
+
+    async def arm() -> tuple[tuple[str, str, int | None], ...]:
+        faults = RealFaults(a, session=None)
+        for rid in range(a.num_rollout):
+            for phase in ("rollout", "train"):
+                faults.on_phase(phase, True, 0.0, rid)
+        armed = tuple((h._callback.__name__, h._args[0].kind, h._args[0].step) for h in faults._pending)  # type: ignore[attr-defined]
+        for h in faults._pending:
+            h.cancel()
+        return armed
+
+    return asyncio.run(arm())

@@ -83,6 +83,7 @@ def test_every_flag_with_a_bad_value_is_a_one_line_error_or_a_valid_config(comma
     (["--target-step-time", "30"], "--target-step-time"),
     (["--load", "/no/such/checkpoint"], "--load"), (["--prompt-data", "/no/such.jsonl"], "--prompt-data"),
     (["--trace-out", "/no/such/dir/t.json"], "--trace-out"), (["--report", "/tmp"], "--report"),
+    (["--rollout-batch-size", "1000000"], "simulator's limit"),
 ])
 def test_named_classes_of_bad_flags_fail_before_any_work(argv: list[str], needle: str) -> None:
     rc, _, err = _cli(["simulate", *argv])
@@ -247,3 +248,72 @@ def test_ctrl_c_during_a_two_worker_sweep_stops_every_worker_and_prints_what_fin
     assert "Traceback" not in err and "interrupted after" in err, err
     assert out.splitlines()[0].startswith("rank"), out  # the table of what finished
     assert not [w for w in workers if _alive(w)], "worker processes left running"
+
+
+def test_a_full_disk_loses_only_the_file_that_did_not_fit(tmp_path: Path) -> None:
+    """A file-size limit (RLIMIT_FSIZE: the kernel refuses writes past it, as on a full disk) on the
+    trace: the results are printed whole, the error is one line naming the file and the cause, and
+    no partial or temporary file is left."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # the trace is larger; stdout is a pipe
+
+    trace = tmp_path / "trace.json"
+    proc = subprocess.run([sys.executable, "-m", "vime.cli", "simulate", "--json", "--trace-out", str(trace)],
+                          cwd=ROOT, capture_output=True, text=True, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and f"cannot write {trace}" in proc.stderr
+    assert "File too large" in proc.stderr
+    assert json.loads(proc.stdout)["summary"]["t_step"] > 0  # the results came out whole
+    assert list(tmp_path.iterdir()) == []  # neither half a trace nor a temporary file
+
+
+LINE_VALUES = st.one_of(JSON_VALUES, st.dictionaries(st.sampled_from(["prompt", "label", "token_ids", "response_length",
+                                                                      "metadata"]), JSON_VALUES, max_size=4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(LINE_VALUES, min_size=1, max_size=3))
+def test_prompt_and_trace_files_with_any_lines_load_checked_or_fail_naming_file_and_line(lines: list[Any]) -> None:
+    """--prompt-data and trace:FILE with generated JSONL lines: a checked result or a ConfigError naming the file and line."""
+    import tempfile
+
+    from vime.rollout.data_source import load_jsonl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "in.jsonl"
+        path.write_text("".join(json.dumps(v) + "\n" for v in lines))
+        try:
+            data = load_jsonl(path)
+        except ConfigError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc), exc
+        else:
+            for s in data.samples:
+                assert s.tokens and all(type(t) is int and t >= 0 for t in s.tokens), s.tokens
+        try:
+            spec = parse_args(["--response-length", f"trace:{path}"], command="simulate").response_length
+            sampler = LengthSampler(spec)
+        except ConfigError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc), exc
+        else:
+            assert 1 <= sampler.response("k", 64).length <= 64
+
+
+def test_ctrl_c_during_one_large_simulation_exits_130_at_once() -> None:
+    """A run this size announces itself before it starts (the line this test waits on); Ctrl-C then ends it
+    with exit 130 and one line, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "vime.cli", "simulate", "--rollout-batch-size", "32768",
+                             "--num-rollout", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr is not None
+    announced = proc.stderr.readline()
+    assert "simulating 262,144 samples" in announced, announced
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("one simulation did not stop within 5 s of Ctrl-C") from None
+    assert proc.returncode == 130 and err.strip() == "vime simulate: interrupted" and out == "", err

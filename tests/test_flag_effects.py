@@ -171,6 +171,8 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "update_weight_dir": Effect(("--update-weight-dir", "{dir}/weights"), P.weights_path,
                                 base=("--update-weight-mode", "disk")),
     "flush_cache_interval": Effect(("--flush-cache-interval", "0"), P.calls),
+    # faults (issue 18): the real backend kills an engine's server, the router or a trainer rank; the rest is refused
+    "fault": Effect(("--fault", "engine-crash:engine=0,step=1,at=0.5"), P.real_faults),
     # asynchronous RL (issue 22): the loops run the same on the simulated and the real backends
     "async_mode": Effect(("--async-mode", "one-step-off"), P.calls, base=DISAGG),
     "max_staleness": Effect(("--max-staleness", "2"), P.calls, base=(*DISAGG, "--async-mode", "fully-async")),

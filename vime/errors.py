@@ -36,6 +36,10 @@ class Interrupted(VimeError):
         self._set(f"interrupted after {len(results)} of {total} configurations", total, results)
 
 
+class OutputError(VimeError):
+    """A result file could not be written (disk full, permissions changed during the run); nothing half-written is left."""
+
+
 class LifecycleError(VimeError):
     """A call that is illegal in the component's current state (you misused it), raised before any I/O.
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from vime.config import Args
 from vime.errors import SimulationError
+from vime.faults import faults_of, format_fault_report, stop_message
 from vime.outputs import write_atomic
 from vime.runs.sweep import PointResult
 
@@ -122,6 +123,10 @@ def offload_lines(off: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+#: from this many simulated samples on, `vime simulate` announces the run and shows its progress
+LARGE_RUN_SAMPLES = 200_000
+
+
 def run_simulate(args: Any) -> int:
     """`vime simulate`: one configuration (tables or --json), or a sweep / search over many."""
     if args.sweep or args.search:
@@ -140,10 +145,20 @@ def run_simulate(args: Any) -> int:
         calls = CallLog()
         log = calls
         recording = {"observers": [log], "wrap": lambda b: log.wrap(b.engines, b.router, b.trainer)}
+    samples = int(args.samples_per_rollout) * max(1, int(args.num_rollout))
+    big = samples >= LARGE_RUN_SAMPLES
+    if big:  # a long run says so up front, and a terminal gets each rollout's progress bar
+        print(f"simulating {samples:,} samples ({args.num_rollout} rollout(s) of {args.samples_per_rollout:,}); "
+              f"runs this size take minutes", file=sys.stderr, flush=True)
     try:
-        sim = simulate(args, progress=False, on_step=trackers.step, **recording)
+        sim = simulate(args, progress=None if big and not args.json else False, on_step=trackers.step, **recording)
     finally:
         trackers.close()
+    faults = faults_of(sim)
+    if faults is not None and faults["outcome"] == "stopped":
+        print(_dumps({"schema": "vime.simulate/faults", "faults": faults}) if args.json else format_fault_report(faults))
+        print(f"vime simulate: {stop_message(faults)}", file=sys.stderr)
+        return 1
     if sim.oom is not None:
         sim.fix_results = simulate_fixes(sim)
         sim.fixes = fix_lines(sim.fix_results)
@@ -152,7 +167,17 @@ def run_simulate(args: Any) -> int:
         from vime.runs.offload import run_candidate
 
         doc["offload"]["all"] = run_candidate(args, "all", float(args.gpu_memory_utilization))[0].to_dict()
+    if faults is not None:
+        doc["faults"] = faults
     text = _dumps(doc)  # before any file is written: a non-finite number is a bug, never invalid JSON
+    # the results first: a file that cannot be written (a full disk) then loses nothing but itself
+    if args.json:
+        print(text, flush=True)
+    else:
+        print(format_text(doc))
+        if faults is not None:
+            print("\n" + format_fault_report(faults))
+        sys.stdout.flush()
     if args.trace_out:
         from vime.report.trace import recorder_trace
 
@@ -161,10 +186,7 @@ def run_simulate(args: Any) -> int:
         from vime.report.html import render_html
 
         write_atomic(args.report, render_html(doc, sim.backends.recorder, trace_href=trace_href(args)))
-    if args.json:
-        print(text)
-    else:
-        print(format_text(doc))
+    if not args.json:
         for path, what in ((args.trace_out, "trace"), (args.report, "report")):
             if path:
                 print(f"{what} written to {path}", file=sys.stderr)

@@ -7,7 +7,8 @@ import os
 import sys
 from typing import Any
 
-from vime.errors import ConfigError
+from vime.errors import ConfigError, VimeError
+from vime.faults import faults_of, stop_message
 from vime.orchestrator import PHASES, StartupReport, StepReport
 
 _SHORT = {"rollout": "rollout", "offload": "offload", "train": "train", "onload_weights": "onload_w",
@@ -56,6 +57,7 @@ class _Printer:
         self.as_json = as_json
         self.out = out or sys.stdout
         self.calls = calls
+        self.fault_report: dict[str, Any] | None = None  # the last --fault section printed
 
     def header(self, backend: str, extra: dict[str, Any]) -> None:
         if self.as_json:
@@ -114,6 +116,16 @@ class _Printer:
                 print(f"  note: {note}", file=self.out, flush=True)
             print(format_table(doc), file=self.out, flush=True)
 
+    def faults(self, rep: dict[str, Any]) -> None:
+        """What the --fault specs did, what was lost, how to resume (one ``faults`` event with --json)."""
+        self.fault_report = rep
+        if self.as_json:
+            self._emit({"event": "faults", **rep})
+        else:
+            from vime.faults import format_fault_report
+
+            print(format_fault_report(rep), file=self.out, flush=True)
+
     def _emit(self, obj: dict[str, Any]) -> None:
         print(json.dumps(obj, sort_keys=True), file=self.out, flush=True)
 
@@ -163,6 +175,12 @@ def run_train(args: Any) -> int:
                                    "engines": args.rollout_num_engines, "samples_per_rollout": args.samples_per_rollout,
                                    "seed": args.seed})
             sim = simulate(args, progress=None, on_startup=printer.startup, on_step=on_step, **recording)
+            faults = faults_of(sim)
+            if faults is not None:
+                printer.faults(faults)
+                if faults["outcome"] == "stopped":
+                    print(f"vime train: {stop_message(faults)}", file=sys.stderr)
+                    return 1
             if sim.oom is not None:
                 raise sim.oom
             if args.trace_out or args.report:
@@ -170,26 +188,41 @@ def run_train(args: Any) -> int:
 
                 _write_outputs(args, build_document(sim), sim.backends.recorder, printer)
             return 0
-        from vime.runs.real import run_real
-
-        printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
-        if not (args.trace_out or args.report):
-            run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement, **recording)
-            return 0
-        from vime.real.telemetry import MemorySampler, MonotonicClock
-        from vime.report.recorder import Recorder
-        from vime.runs.document import run_document
-
-        recorder = Recorder(MonotonicClock())
-        with MemorySampler(recorder) as sampler:
-            report = run_real(args, on_startup=printer.startup, on_step=on_step, wrap=recording.get("wrap"),
-                              observers=[recorder, *recording.get("observers", [])], on_placement=printer.placement)
-        _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder, printer,
-                       device_names=sampler.names)
-        return 0
+        try:
+            return _run_real(args, printer, on_step, recording)
+        except VimeError:
+            rep = printer.fault_report
+            if rep is None or rep["outcome"] != "stopped":
+                raise
+            # the run ended as its --fault said: one line with the resume, not the error's chain
+            print(f"vime train: {stop_message(rep)}", file=sys.stderr)
+            return 1
     finally:
         bar.close()
         trackers.close()
+
+
+def _run_real(args: Any, printer: _Printer, on_step: Any, recording: dict[str, Any]) -> int:
+    """The real backend's part of `run_train`."""
+    from vime.runs.real import run_real
+
+    printer.header("real", {"hf_checkpoint": args.hf_checkpoint, "engines": args.rollout_num_engines})
+    if not (args.trace_out or args.report):
+        run_real(args, on_startup=printer.startup, on_step=on_step, on_placement=printer.placement,
+                 on_faults=printer.faults, **recording)
+        return 0
+    from vime.real.telemetry import MemorySampler, MonotonicClock
+    from vime.report.recorder import Recorder
+    from vime.runs.document import run_document
+
+    recorder = Recorder(MonotonicClock())
+    with MemorySampler(recorder) as sampler:
+        report = run_real(args, on_startup=printer.startup, on_step=on_step, wrap=recording.get("wrap"),
+                          observers=[recorder, *recording.get("observers", [])], on_placement=printer.placement,
+                          on_faults=printer.faults)
+    _write_outputs(args, run_document(args, report, recorder, sampler.capacity, backend="real"), recorder, printer,
+                   device_names=sampler.names)
+    return 0
 
 
 def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any, printer: _Printer,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from vime.config.lengths import _SPEC_GRAMMAR, LengthSpec
+from vime.faults import fault_flag_type
 
 COMMANDS: tuple[str, ...] = ("train", "simulate")
 GiB = 1024**3
@@ -133,6 +134,12 @@ class TrainConfig:
     save: str | None = opt(None, "checkpoint directory to write (every --save-interval rollouts; without it once, "
                                  "after the last rollout)", metavar="PATH")
     load: str | None = opt(None, "checkpoint directory to resume from", metavar="PATH")
+    fault: tuple[str, ...] = opt((), "inject a fault (repeatable): engine-crash, slow-engine, wake-fail, update-fail, "
+                                     "trainer-crash or router-down, as KIND:key=value,... (see vime/faults.py); the "
+                                     "report says what happened, what was lost and how to resume; --backend real "
+                                     "injects engine-crash (in a rollout), router-down and trainer-crash",
+                                 type=fault_flag_type,
+                                 metavar="SPEC", action="append")
     hf_checkpoint: str | None = opt(None, "Hugging Face checkpoint (architecture + tokenizer)",
                                     metavar="PATH")
 

@@ -70,6 +70,8 @@ def resolve(raw: dict[str, Any], command: str) -> dict[str, Any]:
     _algorithm(v)
     _sim_inputs(v)
     _files(v, set(raw), command)
+    _faults(v, engines)
+    _sim_size(v)
     gbs, mbs = v["global_batch_size"], v["micro_batch_size"]
     v["derived"] = DerivedConfig(
         command=command,
@@ -455,3 +457,29 @@ def _files(v: dict[str, Any], given: set[str], command: str) -> None:
 def _divisor_near(n: int, want: int) -> int:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return min(divisors, key=lambda d: (abs(d - want), d))
+
+
+def _faults(v: dict[str, Any], engines: int) -> None:
+    """--fault specs against the run they are injected into (engines, rollouts, backend)."""
+    from vime.faults import check_faults
+
+    v["fault"] = tuple(v["fault"] or ())
+    check_faults(v["fault"], engines=engines, num_rollout=v["num_rollout"], start_rollout_id=v["start_rollout_id"],
+                 backend=v["backend"], offload_rollout=bool(v["offload_rollout"]))
+
+
+#: samples one simulation may generate (prompts × samples per prompt × rollouts): the simulator holds a
+#: rollout's samples in memory, and steady-state steps repeat, so fewer say the same
+MAX_SIM_SAMPLES = 10**7
+
+
+def _sim_size(v: dict[str, Any]) -> None:
+    """A simulation of absurd size is refused up front instead of starting silently."""
+    if v["backend"] != "sim":
+        return
+    n = v["rollout_batch_size"] * v["n_samples_per_prompt"] * max(1, v["num_rollout"])
+    _need(n <= MAX_SIM_SAMPLES,
+          f"--rollout-batch-size {v['rollout_batch_size']} × --n-samples-per-prompt {v['n_samples_per_prompt']} × "
+          f"--num-rollout {v['num_rollout']} = {n:,} simulated samples, above the simulator's limit of "
+          f"{MAX_SIM_SAMPLES:,} (it holds a rollout's samples in memory); steps repeat in steady state, so simulate "
+          f"fewer rollouts (--num-rollout 1) or a smaller batch")

@@ -67,6 +67,8 @@ class RealSession:
     #: where everything runs: the plan per node, the Ray node of each plan node, each engine's address
     #: and node, each trainer rank's node (`placement_report`)
     placement: dict[str, Any] = field(default_factory=dict)
+    fleet: Any = None  # vime.real.vllm.fleet.EngineFleet: the engines' hosts (their servers' pids, restart)
+    launcher: Any = None  # vime.real.vllm.launcher.Launcher: the router's process (restart)
 
 
 def _log(msg: str) -> None:
@@ -297,7 +299,8 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
             yield RealSession(engines=engines, router=router, trainer=exposed_trainer, data_source=data_source,
                               tokenizer=tokenizer, eval_sources=eval_sources, device=device, update_weight_mode=mode,
                               weight_dir=weight_dir, log_dir=log_dir, engine_urls=[s.url for s in specs],
-                              router_url=rspec.url, timings=timings, placement=placement)
+                              router_url=rspec.url, timings=timings, placement=placement, fleet=fleet,
+                              launcher=launcher)
     finally:
         await _teardown(router, engines, trainer, fleet, reserved, stop_ray=not ray_was_up)
         launcher.stop_all()

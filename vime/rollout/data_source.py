@@ -143,6 +143,9 @@ def load_jsonl(path: str | Path, *, input_key: str = "prompt", label_key: str | 
         ids = row.get("token_ids")
         if ids is None:
             ids = _tokenize(prompt, tokenizer, apply_chat_template, where=f"{p}:{lineno}")
+        elif not (isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids)):
+            raise ConfigError(f"--prompt-data {p}:{lineno}: token_ids must be a non-empty list of token ids "
+                              f"(integers ≥ 0), got {str(ids)[:60]}; fix the line or leave token_ids out")
         if max_prompt_len is not None and len(ids) > max_prompt_len:
             filtered += 1
             continue

@@ -14,14 +14,16 @@ from vime.runs.loop import build_orchestrator, build_rollout
 def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = None,
              on_step: Callable[[StepReport], None] | None = None, observers: Sequence[Any] = (),
              on_placement: Callable[[dict[str, Any]], None] | None = None,
-             wrap: Callable[[Any], dict[str, Any]] | None = None) -> RunReport:
+             wrap: Callable[[Any], dict[str, Any]] | None = None,
+             on_faults: Callable[[dict[str, Any]], None] | None = None) -> RunReport:
     """Launch the real backends (`vime.real.session`), run start-up and every step on a real event loop.
 
     `on_placement` gets, once the backends are up, where they run (`vime.real.session.placement_report`).
     `wrap(session)` may return replacements ``{"engines": ..., "router": ..., "trainer": ...}`` for
     what the orchestrator drives (recording wrappers: `vime.report.calls.CallLog.wrap`), as
     `vime.runs.sim.simulate`'s `wrap` does for simulated backends; the session still owns and
-    tears down the real ones.
+    tears down the real ones. With ``--fault`` (`vime.real.faults`) `on_faults` gets the fault section
+    (`vime.faults.fault_report`) once the run ends, also when it ends in an error.
     """
     try:
         from vime.real.session import real_session
@@ -39,10 +41,33 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
             engines = replaced.get("engines", session.engines)
             router = replaced.get("router", session.router)
             trainer = replaced.get("trainer", session.trainer)
+            extra: list[Any] = []
+            faults = None
+            if getattr(args, "fault", ()):
+                from vime.real.faults import RealFaults
+
+                faults = RealFaults(args, session)
+                (engines, router), extra = faults.wrap(list(engines), router), [faults]
             rollout = build_rollout(args, router, num_engines=len(engines), tokenizer=session.tokenizer)
             orch = build_orchestrator(args, engines=engines, router=router, trainer=trainer,
                                       data_source=session.data_source, rollout=rollout,
-                                      eval_sources=session.eval_sources, observers=[*session.observers, *observers])
-            return await orch.run(on_startup=on_startup, on_step=on_step)
+                                      eval_sources=session.eval_sources,
+                                      observers=[*session.observers, *observers, *extra])
+            steps: list[StepReport] = []
+
+            def step_done(report: StepReport) -> None:
+                steps.append(report)
+                if on_step is not None:
+                    on_step(report)
+            try:
+                return await orch.run(on_startup=on_startup, on_step=step_done)
+            finally:
+                if faults is not None:
+                    await faults.close()
+                    if on_faults is not None:
+                        from vime.faults import fault_report
+
+                        on_faults(fault_report(faults.log, steps, group_size=int(args.n_samples_per_prompt),
+                                               save=args.save))
 
     return asyncio.run(main())

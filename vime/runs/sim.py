@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vime.errors import OutOfMemoryError
+from vime.faults import FaultStop
 from vime.orchestrator import Orchestrator, RunReport, StartupReport, StepReport
 from vime.protocols import StepObserver
 from vime.rollout.data_source import DataSource, EvalSet, SyntheticDataset, eval_sets_from_files
@@ -34,6 +35,7 @@ class Simulation:
     fixes: list[str] = field(default_factory=list)
     fix_results: list[dict[str, Any]] = field(default_factory=list)  # vime.runs.fixes.simulate_fixes
     offload_choice: Any = None  # vime.runs.offload.Choice, when --train-offload-plan auto chose the plan
+    faults: Any = None  # vime.sim.faults.SimFaults with --fault (its log says what happened)
 
     @property
     def fits(self) -> bool:
@@ -129,8 +131,15 @@ def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | 
                             gpu_memory_utilization=choice.chosen.gpu_memory_utilization)
     backends = build_sim_backends(args, hardware=hardware, model=model, seed=seed, start=False)
     replaced = wrap(backends) if wrap is not None else {}
+    faults = None
+    if getattr(args, "fault", ()):
+        from vime.sim.faults import SimFaults
+
+        faults = SimFaults(args, backends)
+        replaced = faults.wrap(backends, replaced)
+        observers = [*observers, faults]
     orch = build_sim_orchestrator(args, backends, observers=observers, progress=progress, **replaced)
-    result = Simulation(args, backends, orch, offload_choice=choice)
+    result = Simulation(args, backends, orch, offload_choice=choice, faults=faults)
 
     def startup_done(report: StartupReport) -> None:
         result.startup = report
@@ -150,5 +159,9 @@ def simulate(args: Any, *, hardware: Any = None, model: Any = None, seed: int | 
         clock.run(main(), env=backends.env)
     except OutOfMemoryError as exc:
         result.oom = backends.recorder.oom or exc
+    except FaultStop:
+        if faults is None:
+            raise
+        # the run ended as its --fault said (faults.log.stopped); the steps before it are kept
     result.wall_s = time.perf_counter() - t0
     return result

@@ -54,6 +54,9 @@ class EngineCore:
         self._busy_since: float | None = None
         self._busy_tokens = 0
 
+    #: set on the core that replaces a dead server's until its restart: controls arriving now fail
+    refuse: BaseException | None = None
+
     def start(self) -> None:
         self.env.process(self._loop())
 
@@ -63,6 +66,8 @@ class EngineCore:
 
     async def control(self, kind: str, arg: Any = None) -> None:
         """Hand a control to the scheduler process and wait until it took effect at an iteration boundary."""
+        if self.refuse is not None:  # the server died while the call was on its way in
+            raise self.refuse
         ev = self.env.event()
         self._controls.append((kind, arg, ev))
         self.poke()

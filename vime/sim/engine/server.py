@@ -347,6 +347,7 @@ class SimEngine:
         self._log("fail", detail)
         self._core.stop(EngineError(self.name, "generate", f"engine died: {detail}", status=503, retryable=True))
         self._new_process()
+        self._core.refuse = EngineError(self.name, "control", f"engine died: {detail}", status=503, retryable=True)
 
     async def restart(self) -> None:
         """Bring a failed server back (after `restart_s`): awake, empty, no weight version, paused by nothing."""
