@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from vime.config import parse_args
-from vime.report.html import render_html, render_sweep_html
+from vime.report.html import render_html
+from vime.report.html_sweep import render_sweep_html
 from vime.report.view import fmt_seconds
 from vime.runs.document import build_document
 from vime.runs.fixes import fix_lines, simulate_fixes
@@ -373,7 +374,7 @@ def test_a_cpu_run_beside_its_simulation_draws_its_host_memory_apart(browser: Br
     """A run without GPUs measured the host's memory in use: the compare page draws it in its own chart, and
     each simulated GPU says it has no measured line."""
     from vime.report.compare_views import view_from_recorder
-    from vime.report.html import render_compare_html
+    from vime.report.html_compare import render_compare_html
     from vime.runs.twin import Twin, compare_with_twin
 
     args = parse_args(["--backend", "sim", "--num-rollout", "2"], command="train")

@@ -73,7 +73,8 @@ def run_compare(argv: Sequence[str], *, prog: str = "vime compare") -> int:
     if a.out:
         write_atomic(a.out, text + "\n")
     if a.report:
-        from vime.report.html import layout_line, render_compare_html
+        from vime.report.html import layout_line
+        from vime.report.html_compare import render_compare_html
 
         startup, measured = runs[0]
         measured_view, simulated_view = views_from_files(startup, measured, sim, mem)

@@ -279,7 +279,7 @@ def _write_sweep_report(args: Args, results: Sequence[PointResult], *, kind: str
     """--report of a sweep or search: the ranked page (written atomically)."""
     if not args.report:
         return
-    from vime.report.html import render_sweep_html
+    from vime.report.html_sweep import render_sweep_html
     from vime.runs.sweep import placeholders
 
     page = render_sweep_html(results, args, kind=kind, goal=args.search, best=best, target_step_time=args.target_step_time,

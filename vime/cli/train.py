@@ -238,7 +238,8 @@ def _write_outputs(args: Any, doc: dict[str, Any], recorder: Any, printer: _Prin
         write_atomic(args.trace_out, json.dumps(recorder_trace(recorder), separators=(",", ":")))
     if args.report and args.compare_sim:
         from vime.report.compare_views import view_from_recorder
-        from vime.report.html import layout_line, render_compare_html
+        from vime.report.html import layout_line
+        from vime.report.html_compare import render_compare_html
         from vime.runs.twin import compare_with_twin, simulate_twin
 
         twin = simulate_twin(args, device_names or [])

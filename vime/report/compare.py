@@ -382,7 +382,7 @@ def format_table(doc: dict[str, Any], *, steps: bool = True, calls: bool = False
 
 
 # --------------------------------------------------------------------------------------------
-# The page's views (vime.report.html.render_compare_html)
+# The page's views (vime.report.html_compare.render_compare_html)
 # --------------------------------------------------------------------------------------------
 
 
