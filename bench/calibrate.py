@@ -1042,7 +1042,7 @@ def _unmeasured_defaults(prof: dict) -> None:
     (a profile states each value; the loader's defaults are not left implicit)."""
     import dataclasses as _dc
 
-    from vime.sim.hardware import DiskCosts
+    from vime.sim.hardware_parts import DiskCosts
 
     src = prof.setdefault("sources", {})
     prof.setdefault("device", "gpu")

@@ -13,7 +13,8 @@ import pytest
 
 from vime.errors import ConfigError
 from vime.sim.engine import EngineSettings, IterationModel
-from vime.sim.hardware import DiskCosts, Efficiency, HardwareSpec, Software, VmmCosts, load_hardware
+from vime.sim.hardware import HardwareSpec, load_hardware
+from vime.sim.hardware_parts import DiskCosts, Efficiency, Software, VmmCosts
 from vime.sim.models import load_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,8 @@ from vime.sim.engine import (
     sum_max_of_lines,
 )
 from vime.sim.engine.costs import _Phase
-from vime.sim.hardware import HardwareSpec, Software, load_hardware
+from vime.sim.hardware import HardwareSpec, load_hardware
+from vime.sim.hardware_parts import Software
 from vime.sim.lengths import LengthSampler
 from vime.sim.memory import GiB, SimAllocator, SimCluster
 from vime.sim.models import load_model

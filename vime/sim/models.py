@@ -211,7 +211,7 @@ class ModelSpec:
         Adapted from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
         Transformer Models" (sbh·(34 + 5as/h) per layer for GPT with dropout), to what
         Megatron-core keeps for this architecture (SwiGLU, GQA, optional q/k norm, dropout 0 as in
-        RL), with b = dtype_bytes; the software terms (`vime.sim.hardware.Software`) were checked
+        RL), with b = dtype_bytes; the software terms (`vime.sim.hardware_parts.Software`) were checked
         tensor by tensor on the H200 (bench/megatron_step.py --account):
 
         - each of the two block norms: what the norm keeps (`norm_kept_bytes`) and its bf16 output,
