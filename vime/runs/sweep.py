@@ -288,11 +288,30 @@ def _divisors(n: int, options: Iterable[int]) -> list[int]:
     return [x for x in options if x <= n and n % x == 0]
 
 
+def expert_count(base: Args) -> int:
+    """Routed experts of the base configuration's model (0: dense, or a model that does not load)."""
+    from vime.sim.models import load_model
+
+    try:
+        return load_model(base.model).num_experts
+    except ConfigError:
+        return 0
+
+
+def expert_parallel_sizes(experts: int, gpus: int, tp: int) -> list[int]:
+    """EP sizes the search tries: [1] for a dense model; for a MoE model the powers of two that
+    divide the experts and the GPUs (whole experts per rank, ETP 1), and 1 (experts split over TP)."""
+    if not experts:
+        return [1]
+    return [ep for ep in (1, 2, 4, 8, 16, 32, 64) if ep <= gpus and gpus % ep == 0 and experts % ep == 0]
+
+
 def search_space(base: Args, max_gpus: int) -> list[list[dict[str, Any]]]:
-    """Candidate configurations grouped by (GPUs, TP, GPUs per engine); each group is ordered so
+    """Candidate configurations grouped by (GPUs, TP, GPUs per engine, and EP for a MoE model); each group is ordered so
     that the first fitting point is the group's fastest (bigger micro-batches and more KV cache
     are never slower in the model)."""
     groups = []
+    experts = expert_count(base)
     gpu_counts = [g for g in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128) if g <= max_gpus]
     gbs = int(base.global_batch_size)
     for gpus in gpu_counts:
@@ -303,15 +322,19 @@ def search_space(base: Args, max_gpus: int) -> list[list[dict[str, Any]]]:
             dp = gpus // tp
             if gpus % tp:
                 continue
-            for eg in _divisors(min(gpus, 8), (1, 2, 4, 8)):
+            for eg, ep in itertools.product(_divisors(min(gpus, 8), (1, 2, 4, 8)),
+                                            expert_parallel_sizes(experts, gpus, tp)):
                 group = []
                 for mbs in (16, 8, 4, 2, 1):
                     if gbs % (mbs * dp):
                         continue
                     for util in (0.9, 0.8, 0.7, 0.6):
-                        group.append({"actor_num_nodes": nodes, "actor_num_gpus_per_node": per_node,
-                                      "tensor_model_parallel_size": tp, "rollout_num_gpus_per_engine": eg,
-                                      "micro_batch_size": mbs, "gpu_memory_utilization": util})
+                        point = {"actor_num_nodes": nodes, "actor_num_gpus_per_node": per_node,
+                                 "tensor_model_parallel_size": tp, "rollout_num_gpus_per_engine": eg,
+                                 "micro_batch_size": mbs, "gpu_memory_utilization": util}
+                        if experts:  # MoE models: the expert-parallel size is searched too
+                            point["expert_model_parallel_size"] = ep
+                        group.append(point)
                 if group:
                     groups.append(group)
     return groups

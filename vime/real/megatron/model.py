@@ -84,6 +84,9 @@ def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoin
     """The Megatron mapping's spec of a `config.json` dict (or a transformers config's `to_dict()`), read
     and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families."""
     hf = parse_hf_config(cfg, name="model", source=source)
+    if hf.moe.is_moe:
+        raise ConfigError(f"{source}: {hf.moe.num_experts} experts: the Megatron trainer maps dense models only "
+                          f"(mixture-of-experts runs are planned with `vime simulate`); use a dense model")
     if hf.model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"model_type {hf.model_type!r} is not supported by the Megatron trainer; "
                           f"supported dense families: {', '.join(SUPPORTED_MODEL_TYPES)}")

@@ -63,14 +63,15 @@ class SimTrainer(ActorCostModel):
     log-probs: the reference weights are swapped in from host memory over the params (slime keeps
     them in its CPU weight backup), a forward runs over the batch, and the actor's weights are
     swapped back — no extra device memory, 2 × params / h2d plus one forward of time.
-    Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
+    Not modelled: a critic, routing replay, and overlap of DP communication with the backward pass.
     """
 
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, algo: AlgoConfig, model: ModelSpec,
                  cluster: SimCluster, *, seed: int, start_rollout_id: int = 0, name: str = OWNER,
                  pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
-                 recompute: Recompute | None = None) -> None:
-        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute)
+                 recompute: Recompute | None = None, moe_load_imbalance: float | None = None) -> None:
+        super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute,
+                         moe_load_imbalance=moe_load_imbalance)
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
