@@ -27,6 +27,8 @@ from vime.errors import ConfigError
 from vime.hf_config import HFModelConfig, load_hf_config, parse_hf_config
 from vime.inputs import read_json
 from vime.sim import moe as _moe
+from vime.sim.moe import MoELayers
+from vime.sim.weight_layout import WeightLayout
 
 _MODELS_DIR = Path(__file__).parent / "data" / "models"
 
@@ -37,7 +39,7 @@ Recompute = Literal["none", "selective", "full"]
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(MoELayers, WeightLayout):
     """The architecture numbers of one decoder-only model, dense or MoE (HF config names in comments)."""
 
     name: str
@@ -67,10 +69,7 @@ class ModelSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
-        if self.num_experts and not (0 < self.moe_top_k <= self.num_experts and self.moe_ffn_hidden_size > 0
-                                     and self.moe_layers):
-            raise ConfigError(f"model {self.name}: {self.num_experts} experts need 0 < top-k ≤ experts, an expert "
-                              f"width and MoE layers; got top-k {self.moe_top_k}, width {self.moe_ffn_hidden_size}")
+        self._check_moe()
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError(f"model {self.name}: num_attention_heads {self.num_attention_heads} is not a "
                               f"multiple of num_key_value_heads {self.num_kv_heads}")
@@ -93,29 +92,8 @@ class ModelSpec:
         _check_parallel(1, pp)
         return math.ceil(self.num_layers / pp)
 
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    def _stage_layers(self, pp: int, stage: int) -> range:
-        """The layer indices of pipeline `stage` (the first stages get the remainder)."""
-        base, extra = divmod(self.num_layers, pp)
-        start = stage * base + min(stage, extra)
-        return range(start, start + base + (1 if stage < extra else 0))
-
-    def _moe_count(self, layers: range) -> int:
-        return sum(1 for i in self.moe_layers if i in layers)
-
-    def moe_layers_in_stage(self, pp: int = 1, stage: int = 0) -> int:
-        """MoE layers on pipeline `stage` of `pp`."""
-        return self._moe_count(self._stage_layers(pp, stage))
-
     def _dense_mlp_params(self, tp: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size // tp
-
-    def _layer_params(self, tp: int) -> int:
-        """A dense layer's parameters on one TP rank (attention, MLP, norms)."""
-        return self._attn_params(tp) + self._dense_mlp_params(tp)
 
     def _attn_params(self, tp: int) -> int:
         h, hd = self.hidden_size, self.head_dim
@@ -163,10 +141,6 @@ class ModelSpec:
         """Total parameters (tied embeddings counted once; every expert)."""
         return self.params_per_rank(1, 1)
 
-    def num_active_params(self) -> int:
-        """Parameters one token uses: all of a dense model's; a MoE layer's router, top-k and shared experts."""
-        return self.num_params() - len(self.moe_layers) * (_moe.moe_mlp_params(self) - _moe.active_mlp_params(self))
-
     def num_non_embedding_params(self) -> int:
         return self._layers_params(range(self.num_layers), 1, 1, 1) + self.hidden_size
 
@@ -174,10 +148,6 @@ class ModelSpec:
         """Weight bytes on one GPU at `dtype_bytes` per parameter (seed step 36: ~4 GB for Qwen3-4B, TP=2);
         a MoE engine holds 1/TP of every expert (TP-split or, with expert parallelism, whole experts)."""
         return self.params_per_rank(tp, pp, stage, ep=1, etp=tp) * self.dtype_bytes
-
-    def expert_weight_bytes(self, tp: int = 1) -> int:
-        """The routed experts' share of `weight_bytes` (0 for a dense model): what decode reads only where touched."""
-        return _moe.expert_params_per_rank(self, 1, tp) * self.dtype_bytes
 
     # --- compute ----------------------------------------------------------------------------
     def matmul_params(self) -> int:
@@ -305,7 +275,7 @@ class ModelSpec:
         if self.is_moe:
             n_moe = len(self.moe_layers)
             moe = _moe.moe_activation_bytes_per_token(self, tp, tp if etp is None else etp, imbalance)
-            mlp = ((self.num_layers - n_moe) * mlp + n_moe * moe) / self.num_layers
+            return norms + qk + attn + ((self.num_layers - n_moe) * mlp + n_moe * moe) / self.num_layers
         return norms + qk + attn + mlp
 
     def final_bytes_per_token(self, tp: int = 1, *, sequence_parallel: bool = True, norm: str = "fused") -> float:
@@ -343,69 +313,6 @@ class ModelSpec:
             body = layers * per_layer
         final = self.final_bytes_per_token(tp, sequence_parallel=sequence_parallel, norm=norm)
         return body + final + self.logits_bytes_per_token(tp)
-
-    # --- weight export ----------------------------------------------------------------------------
-    def vllm_weight_allocations(self, tp: int = 1) -> list[int]:
-        """Bytes of each weight tensor one vLLM TP rank allocates, in vLLM's fused layout (QKV and
-        gate/up as one parameter each, vocabulary split over TP): one CuMem allocation each, which is
-        what its sleep backs up tensor by tensor."""
-        b, h, hd, f = self.dtype_bytes, self.hidden_size, self.head_dim, self.ffn_hidden_size // tp
-        q, kv = self.num_attention_heads // tp * hd, self.kv_heads_per_rank(tp) * hd
-        vocab = -(-self.vocab_size // tp)
-        attn = [b * h, b * (q + 2 * kv) * h, b * h * q, b * h]
-        if self.qkv_bias:
-            attn.append(b * (q + 2 * kv))
-        if self.qk_norm:
-            attn += [b * hd, b * hd]
-        dense = [(2 if self.gated_mlp else 1) * b * f * h, b * h * f]
-        moe = _moe.vllm_moe_allocations(self, tp) if self.is_moe else []
-        out = [b * vocab * h]
-        for i in range(self.num_layers):
-            out += attn + (moe if i in self.moe_layers else dense)
-        out.append(b * h)
-        if not self.tie_embeddings:
-            out.append(b * vocab * h)
-        return out
-
-    def vllm_pinned_scale(self, tp: int = 1) -> float:
-        """Pinned host bytes per weight byte of vLLM's sleep backup: each backup is a
-        `torch.empty(pin_memory=True)` from PyTorch's caching host allocator, which rounds every
-        block up to a power of two (Qwen3-4B: 1.34; the H200's first level-1 sleep pinned at
-        0.56-0.89 s per GiB of weights against 0.34-0.72 s/GiB for exact-size pinning)."""
-        sizes = self.vllm_weight_allocations(tp)
-        return sum(1 << max(0, (n - 1).bit_length()) for n in sizes) / sum(sizes)
-
-    def hf_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Full (TP-gathered) tensors under their Hugging Face names, in checkpoint order.
-
-        Their element counts sum to `num_params()`; this is what the trainer exports to the
-        engines bucket by bucket (seed step 48).
-        """
-        h, hd, f = self.hidden_size, self.head_dim, self.ffn_hidden_size
-        q, kv = self.num_attention_heads * hd, self.num_kv_heads * hd
-        out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab_size, h))]
-        for i in range(self.num_layers):
-            p = f"model.layers.{i}."
-            out.append((p + "input_layernorm.weight", (h,)))
-            out += [(p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
-                    (p + "self_attn.v_proj.weight", (kv, h))]
-            if self.qkv_bias:
-                out += [(p + "self_attn.q_proj.bias", (q,)), (p + "self_attn.k_proj.bias", (kv,)),
-                        (p + "self_attn.v_proj.bias", (kv,))]
-            if self.qk_norm:
-                out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-            out.append((p + "self_attn.o_proj.weight", (h, q)))
-            out.append((p + "post_attention_layernorm.weight", (h,)))
-            if i in self.moe_layers:
-                out += _moe.hf_moe_shapes(self, p + "mlp.")
-                continue
-            if self.gated_mlp:
-                out.append((p + "mlp.gate_proj.weight", (f, h)))
-            out += [(p + "mlp.up_proj.weight", (f, h)), (p + "mlp.down_proj.weight", (h, f))]
-        out.append(("model.norm.weight", (h,)))
-        if not self.tie_embeddings:
-            out.append(("lm_head.weight", (self.vocab_size, h)))
-        return out
 
     # --- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

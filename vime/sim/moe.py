@@ -14,8 +14,7 @@ are not (an all-reduce after the MLP against a dispatch and a combine all-to-all
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from vime.errors import ConfigError
 
@@ -186,5 +185,49 @@ def expert_data_parallel(world: int, pp: int, ep: int, etp: int) -> int:
     return max(1, world // (ep * etp * pp))
 
 
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b)
+class MoELayers:
+    """The MoE side of `vime.sim.models.ModelSpec` (a mixin, no fields): which layers are MoE, the active parameters."""
+
+    name: str
+    num_layers: int
+    num_experts: int
+    moe_top_k: int
+    moe_ffn_hidden_size: int
+    moe_layers: tuple[int, ...]
+    dtype_bytes: int
+
+    if TYPE_CHECKING:
+        def num_params(self) -> int: ...
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def _check_moe(self) -> None:
+        if self.num_experts and not (0 < self.moe_top_k <= self.num_experts and self.moe_ffn_hidden_size > 0
+                                     and self.moe_layers):
+            raise ConfigError(f"model {self.name}: {self.num_experts} experts need 0 < top-k ≤ experts, an expert "
+                              f"width and MoE layers; got top-k {self.moe_top_k}, width {self.moe_ffn_hidden_size}")
+
+    def _stage_layers(self, pp: int, stage: int) -> range:
+        """The layer indices of pipeline `stage` (the first stages get the remainder)."""
+        base, extra = divmod(self.num_layers, pp)
+        start = stage * base + min(stage, extra)
+        return range(start, start + base + (1 if stage < extra else 0))
+
+    def _moe_count(self, layers: range) -> int:
+        return sum(1 for i in self.moe_layers if i in layers)
+
+    def moe_layers_in_stage(self, pp: int = 1, stage: int = 0) -> int:
+        """MoE layers on pipeline `stage` of `pp`."""
+        return self._moe_count(self._stage_layers(pp, stage))
+
+    def num_active_params(self) -> int:
+        """Parameters one token uses: all of a dense model's; a MoE layer's router, top-k and shared experts."""
+        spec = cast("ModelSpec", self)
+        return self.num_params() - len(self.moe_layers) * (moe_mlp_params(spec) - active_mlp_params(spec))
+
+    def expert_weight_bytes(self, tp: int = 1) -> int:
+        """The routed experts' share of `weight_bytes` (0 for a dense model): what decode reads only where touched."""
+        return expert_params_per_rank(cast("ModelSpec", self), 1, tp) * self.dtype_bytes
+
