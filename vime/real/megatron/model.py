@@ -29,9 +29,12 @@ import torch
 from vime.errors import ConfigError
 from vime.hf_config import parse_hf_config
 from vime.inputs import read_json
+from vime.real.megatron import moe_mapping
 
 #: HF `model_type`s whose dense decoder this module maps (the seed's model families).
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+#: MoE `model_type`s whose weights this module maps (`moe_mapping`); the trainer builds no MoE layers yet.
+MOE_MAPPED_MODEL_TYPES = ("qwen3_moe",)
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,14 @@ class ModelSpec:
             )
 
 
-def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json") -> ModelSpec:
+def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json",
+                        weights_only: bool = False) -> ModelSpec:
     """The Megatron mapping's spec of a `config.json` dict (or a transformers config's `to_dict()`), read
-    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families."""
+    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families.
+    `weights_only`: also a Qwen3-MoE config, for the weight mapping alone (the trainer refuses it)."""
     hf = parse_hf_config(cfg, name="model", source=source)
+    if weights_only and hf.model_type in MOE_MAPPED_MODEL_TYPES:
+        return _spec(hf)
     if hf.moe.is_moe:
         raise ConfigError(f"{source}: {hf.moe.num_experts} experts: the Megatron trainer maps dense models only "
                           f"(mixture-of-experts runs are planned with `vime simulate`); use a dense model")
@@ -92,6 +99,10 @@ def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoin
                           f"supported dense families: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if hf.mlp_bias:
         raise ConfigError("mlp_bias=True is not supported by the Megatron trainer mapping")
+    return _spec(hf)
+
+
+def _spec(hf: Any) -> ModelSpec:
     return ModelSpec(
         model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
         intermediate_size=hf.intermediate_size, num_layers=hf.num_layers, num_heads=hf.num_heads,
@@ -254,6 +265,8 @@ def megatron_to_hf(spec: ModelSpec, name: str, full: torch.Tensor) -> list[tuple
         raise KeyError(f"no HF name for Megatron parameter {name!r}")
     i, rest = m.group(1), m.group(2)
     pre = f"model.layers.{i}."
+    if rest.startswith(moe_mapping.MEGATRON_PREFIXES):
+        return moe_mapping.megatron_to_hf(pre, rest, full)
     if rest in _LAYER_DIRECT:
         return [(pre + _LAYER_DIRECT[rest], full)]
     if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
@@ -290,6 +303,7 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
     """Megatron-full tensors from an HF state dict (vocab padded for `tp`). Unknown names raise."""
     out: dict[str, torch.Tensor] = {}
     pending: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer prefix, group) -> pieces
+    moe: dict[str, dict[str, torch.Tensor]] = {}  # layer prefix -> its MoE tensors (moe_mapping)
     padded = spec.padded_vocab(tp)
     for hf_name, tensor in hf.items():
         if hf_name in _HF_TOP_DIRECT:
@@ -311,6 +325,9 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
         if rest in _HF_LAYER_DIRECT:
             out[pre + _HF_LAYER_DIRECT[rest]] = tensor
             continue
+        if rest.startswith(moe_mapping.HF_PREFIXES):
+            moe.setdefault(pre, {})[rest] = tensor
+            continue
         parts = re.match(r"^(self_attn\.[qkv]_proj|mlp\.gate_proj|mlp\.up_proj)\.(weight|bias)$", rest)
         if parts is None:
             raise KeyError(f"HF tensor {hf_name!r} has no Megatron counterpart")
@@ -328,6 +345,8 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
             if {"gate_proj", "up_proj"} - pieces.keys():
                 raise KeyError(f"{pre}: HF checkpoint lacks gate_proj or up_proj")
             out[pre + "mlp.linear_fc1.weight"] = torch.cat([pieces["gate_proj"], pieces["up_proj"]], dim=0)
+    for pre, tensors in moe.items():
+        out.update(moe_mapping.hf_to_megatron(pre, tensors))
     return out
 
 
