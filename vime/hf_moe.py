@@ -6,7 +6,8 @@ Three spellings of the same facts:
   expert's width), ``shared_expert_intermediate_size`` (Qwen2-MoE), ``decoder_sparse_step`` (layer
   i is MoE when (i + 1) % step == 0) and ``mlp_only_layers`` (dense despite the step);
 - Mixtral: ``num_local_experts``, ``num_experts_per_tok``, every layer MoE, each expert
-  ``intermediate_size`` wide;
+  ``intermediate_size`` wide (transformers 5 saves Qwen3-MoE's expert count under
+  ``num_local_experts`` too, beside its ``moe_intermediate_size``, which then sets the width);
 - GLM-4-MoE (and DeepSeek-V2/V3's spelling): ``n_routed_experts``, ``n_shared_experts`` (shared
   experts of ``moe_intermediate_size`` each), ``first_k_dense_replace`` (the first k layers dense).
 
@@ -56,7 +57,9 @@ def parse_moe(data: Mapping[str, Any], *, where: str, num_layers: int, intermedi
     key = given[0]
     experts = count(data, key, where=where, maximum=1 << 16)
     top_k = count(data, "num_experts_per_tok", where=where, maximum=experts)
-    if key == "num_local_experts":  # Mixtral: every expert is a full-width MLP
+    if key == "num_local_experts" and data.get("moe_intermediate_size") is None:
+        # Mixtral: every expert is a full-width MLP (transformers 5 also writes Qwen3-MoE's count under
+        # this key, with its moe_intermediate_size)
         if intermediate_size is None:
             raise ConfigError(f"{where}: num_local_experts needs 'intermediate_size' (each expert's width)")
         expert_ffn = intermediate_size

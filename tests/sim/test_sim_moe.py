@@ -164,6 +164,9 @@ def test_qwen_mixtral_and_glm_moe_configs_are_read():
                                                                                             "moe_intermediate_size")},
                                         "model_type": "mixtral", "num_local_experts": 8}, name="mixtral")
     assert mixtral.moe_ffn_hidden_size == 256 and mixtral.moe_layers == (0, 1, 2, 3)
+    # transformers 5 saves a Qwen3-MoE's expert count as num_local_experts, beside moe_intermediate_size
+    v5 = {**{k: v for k, v in TINY_MOE.items() if k != "num_experts"}, "num_local_experts": 8}
+    assert ModelSpec.from_hf_config(v5, name="qwen3_moe_v5").moe_ffn_hidden_size == 32
     glm = {k: v for k, v in TINY_MOE.items() if k != "num_experts"}
     glm = ModelSpec.from_hf_config({**glm, "model_type": "glm4_moe", "n_routed_experts": 8, "n_shared_experts": 1,
                                     "first_k_dense_replace": 1}, name="glm")

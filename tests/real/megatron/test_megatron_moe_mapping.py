@@ -101,3 +101,19 @@ def test_megatron_moe_layers_reproduce_the_hf_logits():
     assert out["exported"] == out["hf"]  # the export has the checkpoint's names
     assert out["max_gap"] <= 1e-5 * max(1.0, out["scale"])
     assert out["export_gap"] <= 1e-6 * max(1.0, out["scale"])
+
+
+def test_tiny_qwen3_moe_directory_reads_in_the_simulator_and_the_mapping(tmp_path: Path):
+    """`vime.testing.tiny_moe` writes a Qwen3-MoE checkpoint the simulator's reader and the mapping both take."""
+    from vime.sim.models import load_model
+    from vime.testing.tiny_moe import build_tiny_qwen3_moe
+
+    path = build_tiny_qwen3_moe(tmp_path / "moe", num_experts=4, top_k=2, moe_intermediate_size=64)
+    spec = load_model(str(path))
+    assert (spec.num_experts, spec.moe_top_k, spec.moe_ffn_hidden_size, spec.moe_layers) == (4, 2, 64, (0, 1))
+    hf = mmodel.read_hf_safetensors(str(path))
+    assert sum(t.numel() for t in hf.values()) == spec.num_params()  # tied embeddings: one copy in both
+    mspec = mmodel.spec_from_hf_config(json.loads((path / "config.json").read_text()), weights_only=True)
+    full = mmodel.hf_to_megatron(mspec, hf)
+    back = dict(kv for name, t in full.items() for kv in mmodel.megatron_to_hf(mspec, name, t))
+    assert back.keys() == hf.keys() and all(torch.equal(back[k], hf[k]) for k in hf)
