@@ -251,3 +251,19 @@ def test_simulate_a_moe_model_end_to_end(capsys: pytest.CaptureFixture[str]):
     assert doc["summary"]["phases"]["train"]["seconds"] > 0 and doc["summary"]["phases"]["rollout"]["seconds"] > 0
     assert doc["memory"]
     assert out[0]["steps"] == out[1]["steps"]
+
+
+def test_ipc_bucket_plan_of_a_moe_model_moves_every_tensor_once():
+    """The real exporter's bucket plan (seed step 48) for Qwen3-30B-A3B's HF tensors: sized by bytes as for
+    a dense model, every expert tensor exactly once, the buckets' bytes summing to all (not active) params."""
+    from vime.real.weights.ipc import plan_buckets
+
+    m = load_model("Qwen3-30B-A3B")
+    shapes = m.hf_weight_shapes()
+    layouts = plan_buckets([(n, "bfloat16", s) for n, s in shapes], 1 << 30)
+    names = [s.name for lay in layouts for s in lay.slots]
+    assert names == [n for n, _ in shapes] and len(names) == 1 + 48 * (9 + 128 * 3) + 2  # norms, q/k/v/o, q/k norms, router
+    assert sum(lay.nbytes for lay in layouts) == m.num_params() * 2
+    assert all(lay.span <= 1 << 30 for lay in layouts)
+    need = math.ceil(m.num_params() * 2 / (1 << 30))
+    assert need <= len(layouts) <= need + 1  # next-fit of tensors mostly far below a bucket wastes little
