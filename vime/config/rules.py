@@ -26,8 +26,10 @@ MAX_COUNT = 10**9
 NOT_IMPLEMENTED = {
     "use_critic": "PPO with a value head is not implemented; use --advantage-estimator grpo, gspo or cispo",
     "use_opd": "on-policy distillation is not implemented",
-    "use_routing_replay": "MoE routing replay needs MoE models, which are not supported yet",
-    "use_rollout_routing_replay": "MoE routing replay needs MoE models, which are not supported yet",
+    "use_routing_replay": "MoE routing replay is not implemented (`vime simulate` plans MoE models; the real "
+                          "trainer maps their weights but does not train them yet)",
+    "use_rollout_routing_replay": "MoE routing replay is not implemented (`vime simulate` plans MoE models; the "
+                                  "real trainer maps their weights but does not train them yet)",
 }
 
 
