@@ -267,3 +267,18 @@ def test_ipc_bucket_plan_of_a_moe_model_moves_every_tensor_once():
     assert all(lay.span <= 1 << 30 for lay in layouts)
     need = math.ceil(m.num_params() * 2 / (1 << 30))
     assert need <= len(layouts) <= need + 1  # next-fit of tensors mostly far below a bucket wastes little
+
+
+def test_sweep_and_search_cover_expert_parallel_sizes():
+    from vime.runs.sweep import parse_sweep, search_space, simulate_point
+
+    points = parse_sweep(["expert-model-parallel-size=1,2,4,8"])
+    assert [p["expert_model_parallel_size"] for p in points] == [1, 2, 4, 8]
+    base = _resolve("--model", "Qwen3-30B-A3B", "--micro-batch-size", "2", "--rollout-batch-size", "8")
+    rows = {ep: simulate_point(base, {"expert_model_parallel_size": ep}) for ep in (4, 8)}
+    assert rows[8].fits and rows[8].t_step > 0
+    assert not rows[4].fits and "optimizer" in rows[4].oom  # 32 whole experts per GPU: their Adam state
+    eps = {p.get("expert_model_parallel_size") for g in search_space(base, 8) for p in g}
+    assert eps == {1, 2, 4, 8}
+    dense = _resolve("--model", "Qwen3-4B")
+    assert {p.get("expert_model_parallel_size") for g in search_space(dense, 8) for p in g} == {None}
