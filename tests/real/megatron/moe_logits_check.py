@@ -1,6 +1,7 @@
 """Run as a script (its own process: it joins a gloo group): a tiny Qwen3-MoE from transformers, mapped by
 `vime.real.megatron.model.hf_to_megatron` into Megatron-core's MoE layers (local spec, CPU), must give the
-HF logits; the Megatron state exported back by `megatron_to_hf` must load into transformers and give them too.
+HF logits (the model built by `transformer_config` / `build_gpt_model` from the Qwen3-MoE spec); the Megatron
+state exported back by `megatron_to_hf` must load into transformers and give them too.
 
 Prints one JSON line: the Megatron parameter names and shapes, the mapped ones, and the largest logit gaps.
 """
@@ -19,8 +20,6 @@ import torch.distributed as dist
 def main(port: str) -> None:
     import transformers
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
 
     from vime.real.megatron import compat
     from vime.real.megatron import model as mmodel
@@ -42,15 +41,7 @@ def main(port: str) -> None:
     spec = mmodel.spec_from_hf_config(cfg.to_dict(), weights_only=True)
     full = mmodel.hf_to_megatron(spec, hf)
 
-    config = mmodel.transformer_config(
-        spec, tp=1, cpu_init=True, num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=16,
-        moe_token_dispatcher_type="allgather", moe_router_pre_softmax=False, moe_aux_loss_coeff=0.0)
-    layer_spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, qk_layernorm=True,
-                                          normalization="RMSNorm")
-    meg = GPTModel(config=config, transformer_layer_spec=layer_spec, vocab_size=spec.padded_vocab(1),
-                   max_sequence_length=64, pre_process=True, post_process=True,
-                   share_embeddings_and_output_weights=False, position_embedding_type="rope",
-                   rotary_base=int(spec.rope_theta))
+    meg = mmodel.build_gpt_model(spec, mmodel.transformer_config(spec, tp=1, cpu_init=True))
     names = {n: list(p.shape) for n, p in meg.named_parameters()}
     meg.load_state_dict({**meg.state_dict(), **full}, strict=True)
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(1))

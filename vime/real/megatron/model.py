@@ -56,6 +56,9 @@ class ModelSpec:
     qk_norm: bool  # Qwen3: RMSNorm on each head's q and k
     qkv_bias: bool  # Qwen2/2.5: biases on q, k, v
     rope_scaling_factor: float | None = None  # Llama-3.1 style "llama3" rope scaling
+    num_experts: int = 0  # MoE (weights_only specs for now): routed experts per layer
+    moe_top_k: int = 0
+    moe_intermediate_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,7 +111,8 @@ def _spec(hf: Any) -> ModelSpec:
         intermediate_size=hf.intermediate_size, num_layers=hf.num_layers, num_heads=hf.num_heads,
         num_kv_heads=hf.num_kv_heads, head_dim=hf.head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_theta,
         max_position_embeddings=hf.max_position_embeddings or 4096, tie_word_embeddings=hf.tie_word_embeddings,
-        qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias, rope_scaling_factor=hf.rope_scaling_factor)
+        qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias, rope_scaling_factor=hf.rope_scaling_factor,
+        num_experts=hf.moe.num_experts, moe_top_k=hf.moe.top_k, moe_intermediate_size=hf.moe.expert_ffn)
 
 
 def load_hf_config(path: str) -> dict[str, Any]:
@@ -157,6 +161,12 @@ def transformer_config(spec: ModelSpec, *, tp: int, dtype: torch.dtype = torch.f
         use_cpu_initialization=cpu_init,
         cuda_graph_scope=[],
     )
+    if spec.num_experts:  # Qwen3-MoE: softmax over the top-k logits = norm_topk_prob's renormalised gates
+        kwargs.update(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_top_k,
+                      moe_ffn_hidden_size=spec.moe_intermediate_size, moe_router_pre_softmax=False,
+                      moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
+                      # the all-to-all dispatcher makes CUDA streams; the all-gather one runs on CPU too
+                      moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather")
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -177,7 +187,8 @@ def build_gpt_model(spec: ModelSpec, config: Any) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
+                                          qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec,
