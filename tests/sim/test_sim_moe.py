@@ -193,7 +193,7 @@ def test_expert_parallel_flags_are_validated():
         _resolve("--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "4")
     with pytest.raises(ConfigError, match="--moe-load-imbalance"):
         _resolve("--moe-load-imbalance", "0.5")
-    with pytest.raises(ConfigError, match="dense models only"):
+    with pytest.raises(ConfigError, match="EP 1 and TP 1 only"):
         parse_args(["train", "--backend", "real", "--hf-checkpoint", "/x", "--expert-model-parallel-size", "2"])
 
 

@@ -27,9 +27,9 @@ NOT_IMPLEMENTED = {
     "use_critic": "PPO with a value head is not implemented; use --advantage-estimator grpo, gspo or cispo",
     "use_opd": "on-policy distillation is not implemented",
     "use_routing_replay": "MoE routing replay is not implemented (`vime simulate` plans MoE models; the real "
-                          "trainer maps their weights but does not train them yet)",
+                          "trainer trains Qwen3-MoE at TP 1, EP 1)",
     "use_rollout_routing_replay": "MoE routing replay is not implemented (`vime simulate` plans MoE models; the "
-                                  "real trainer maps their weights but does not train them yet)",
+                                  "real trainer trains Qwen3-MoE at TP 1, EP 1)",
 }
 
 
@@ -196,8 +196,8 @@ def _expert_parallelism(v: dict[str, Any], actor_gpus: int) -> None:
                                  ("--expert-tensor-parallel-size", v["expert_tensor_parallel_size"] is not None))
                  if on]
     _need(not (moe_flags and v["backend"] == "real"),
-          f"{' and '.join(moe_flags)}: the real Megatron trainer maps dense models only (MoE is planned in the "
-          f"simulator); use `vime simulate` or --backend sim, or drop the flag")
+          f"{' and '.join(moe_flags)}: the real Megatron trainer trains MoE models at EP 1 and TP 1 only (its "
+          f"expert-parallel load and export are not written); use `vime simulate` or --backend sim, or drop the flag")
 
 
 def _batches(v: dict[str, Any]) -> None:

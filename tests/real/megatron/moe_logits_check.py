@@ -38,7 +38,7 @@ def main(port: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         hf_model.save_pretrained(d)  # the checkpoint layout: one tensor per expert projection
         hf = mmodel.read_hf_safetensors(d)
-    spec = mmodel.spec_from_hf_config(cfg.to_dict(), weights_only=True)
+    spec = mmodel.spec_from_hf_config(cfg.to_dict())
     full = mmodel.hf_to_megatron(spec, hf)
 
     meg = mmodel.build_gpt_model(spec, mmodel.transformer_config(spec, tp=1, cpu_init=True))

@@ -36,7 +36,7 @@ def _tiny_moe(tmp_path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 def test_moe_round_trip_is_exact(tmp_path: Path):
     cfg, hf = _tiny_moe(tmp_path)
     assert "model.layers.1.mlp.experts.3.down_proj.weight" in hf and "model.layers.0.mlp.gate.weight" in hf
-    spec = mmodel.spec_from_hf_config(cfg, weights_only=True)
+    spec = mmodel.spec_from_hf_config(cfg)
     full = mmodel.hf_to_megatron(spec, hf)
     fc1 = full["decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight"]
     assert torch.equal(fc1, torch.cat([hf["model.layers.0.mlp.experts.2.gate_proj.weight"],
@@ -48,22 +48,28 @@ def test_moe_round_trip_is_exact(tmp_path: Path):
         assert torch.equal(back[name], hf[name]), name
 
 
-def test_trainer_still_refuses_moe_configs(tmp_path: Path):
+def test_trainer_takes_qwen3_moe_at_tp1_and_refuses_other_moe_families(tmp_path: Path):
     cfg, _ = _tiny_moe(tmp_path)
-    with pytest.raises(ConfigError, match="dense models only"):
-        mmodel.spec_from_hf_config(cfg)
+    spec = mmodel.spec_from_hf_config(cfg)
+    assert (spec.num_experts, spec.moe_top_k, spec.moe_intermediate_size) == (4, 2, 16)
+    spec.check_tp(1)
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        spec.check_tp(2)
+    mixtral = {k: v for k, v in cfg.items() if k not in ("num_experts", "moe_intermediate_size")}
+    with pytest.raises(ConfigError, match="maps qwen3_moe"):
+        mmodel.spec_from_hf_config({**mixtral, "model_type": "mixtral", "num_local_experts": 4})
 
 
 def test_missing_up_projection_is_named(tmp_path: Path):
     cfg, hf = _tiny_moe(tmp_path)
     del hf["model.layers.0.mlp.experts.1.up_proj.weight"]
     with pytest.raises(KeyError, match="local_experts.1"):
-        mmodel.hf_to_megatron(mmodel.spec_from_hf_config(cfg, weights_only=True), hf)
+        mmodel.hf_to_megatron(mmodel.spec_from_hf_config(cfg), hf)
 
 
 def test_ep_and_etp_shards_round_trip(tmp_path: Path):
     cfg, hf = _tiny_moe(tmp_path)
-    full = mmodel.hf_to_megatron(mmodel.spec_from_hf_config(cfg, weights_only=True), hf)
+    full = mmodel.hf_to_megatron(mmodel.spec_from_hf_config(cfg), hf)
     shards = moe_mapping.ep_shards(full, ep=2, num_experts=4)
     name = "decoder.layers.0.mlp.experts.local_experts.{}.linear_fc2.weight"
     assert set(k for k in shards[1] if "local_experts" in k and "layers.0." in k and "fc2" in k) == {
@@ -113,7 +119,7 @@ def test_tiny_qwen3_moe_directory_reads_in_the_simulator_and_the_mapping(tmp_pat
     assert (spec.num_experts, spec.moe_top_k, spec.moe_ffn_hidden_size, spec.moe_layers) == (4, 2, 64, (0, 1))
     hf = mmodel.read_hf_safetensors(str(path))
     assert sum(t.numel() for t in hf.values()) == spec.num_params()  # tied embeddings: one copy in both
-    mspec = mmodel.spec_from_hf_config(json.loads((path / "config.json").read_text()), weights_only=True)
+    mspec = mmodel.spec_from_hf_config(json.loads((path / "config.json").read_text()))
     full = mmodel.hf_to_megatron(mspec, hf)
     back = dict(kv for name, t in full.items() for kv in mmodel.megatron_to_hf(mspec, name, t))
     assert back.keys() == hf.keys() and all(torch.equal(back[k], hf[k]) for k in hf)

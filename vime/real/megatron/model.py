@@ -33,7 +33,7 @@ from vime.real.megatron import moe_mapping
 
 #: HF `model_type`s whose dense decoder this module maps (the seed's model families).
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
-#: MoE `model_type`s whose weights this module maps (`moe_mapping`); the trainer builds no MoE layers yet.
+#: MoE `model_type`s whose weights this module maps (`moe_mapping`) and whose layers it builds (TP 1, EP 1).
 MOE_MAPPED_MODEL_TYPES = ("qwen3_moe",)
 
 
@@ -56,7 +56,7 @@ class ModelSpec:
     qk_norm: bool  # Qwen3: RMSNorm on each head's q and k
     qkv_bias: bool  # Qwen2/2.5: biases on q, k, v
     rope_scaling_factor: float | None = None  # Llama-3.1 style "llama3" rope scaling
-    num_experts: int = 0  # MoE (weights_only specs for now): routed experts per layer
+    num_experts: int = 0  # MoE: routed experts per layer
     moe_top_k: int = 0
     moe_intermediate_size: int = 0
 
@@ -75,6 +75,9 @@ class ModelSpec:
         """TP must divide the query groups and the MLP width, or the shards are not whole."""
         if tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {tp}")
+        if self.num_experts and tp > 1:
+            raise ConfigError(f"--tensor-model-parallel-size {tp}: Megatron's MoE layers with TP > 1 need sequence "
+                              f"parallelism, which vime's trainer does not turn on; use TP 1 for MoE models")
         if self.num_kv_heads % tp:
             raise ConfigError(
                 f"--tensor-model-parallel-size {tp} does not divide num_key_value_heads "
@@ -86,17 +89,17 @@ class ModelSpec:
             )
 
 
-def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json",
-                        weights_only: bool = False) -> ModelSpec:
+def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json") -> ModelSpec:
     """The Megatron mapping's spec of a `config.json` dict (or a transformers config's `to_dict()`), read
-    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families.
-    `weights_only`: also a Qwen3-MoE config, for the weight mapping alone (the trainer refuses it)."""
+    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families
+    (the dense ones and Qwen3-MoE)."""
     hf = parse_hf_config(cfg, name="model", source=source)
-    if weights_only and hf.model_type in MOE_MAPPED_MODEL_TYPES:
-        return _spec(hf)
     if hf.moe.is_moe:
-        raise ConfigError(f"{source}: {hf.moe.num_experts} experts: the Megatron trainer maps dense models only "
-                          f"(mixture-of-experts runs are planned with `vime simulate`); use a dense model")
+        if hf.model_type not in MOE_MAPPED_MODEL_TYPES:
+            raise ConfigError(f"{source}: model_type {hf.model_type!r} with {hf.moe.num_experts} experts: the "
+                              f"Megatron trainer maps {', '.join(MOE_MAPPED_MODEL_TYPES)} among MoE models (others "
+                              f"are planned with `vime simulate`)")
+        return _spec(hf)
     if hf.model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"model_type {hf.model_type!r} is not supported by the Megatron trainer; "
                           f"supported dense families: {', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -187,6 +190,10 @@ def build_gpt_model(spec: ModelSpec, config: Any) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
+    if spec.num_experts:
+        from vime.real.megatron import compat
+
+        compat.moe_without_te()
     layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
                                           qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     return GPTModel(
