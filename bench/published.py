@@ -77,6 +77,17 @@ def _verl_7b(nodes: int, *, tp: int, engine_tp: int, n: int, gbs: int, response:
             "--recompute-granularity", "full", "--micro-batch-size", "2"]
 
 
+def _nemo_moe(mean_seq: float, *, prompts: int, max_len: int, gbs: int) -> list[str]:
+    """The NeMo-RL v0.4 MoE rows (issue 21): the same rules as `_nemo` for their batch and length caps."""
+    resp = mean_seq - NEMO_PROMPT
+    return ["--rollout-batch-size", str(prompts), "--n-samples-per-prompt", "32", "--global-batch-size", str(gbs),
+            "--rollout-max-prompt-len", str(2 * NEMO_PROMPT), "--rollout-max-response-len",
+            str(max_len - 2 * NEMO_PROMPT), "--rollout-max-context-len", str(max_len),
+            "--prompt-length", f"fixed:{NEMO_PROMPT}", "--response-length", _mean_response(resp),
+            "--micro-batch-size", "1", "--gpu-memory-utilization", "0.6",
+            "--use-kl-loss", "--kl-loss-coef", "0.01", "--use-tis"]
+
+
 NEMO_MAP = {"Total Step time(s)": ["t_step"], "Tokens / sec / GPU": ["tokens_per_s_per_gpu"]}
 VERL_MAP = {"step": ["t_step"],
             "gen": ["t_rollout", "t_offload", "t_onload_weights", "t_weight_sync", "t_onload_kv"],
@@ -111,6 +122,23 @@ PLANS: dict[str, dict] = {
                  "--pipeline-model-parallel-size", "4", "--rollout-num-gpus-per-engine", "4", *_nemo(3251)],
         "map": NEMO_MAP,
         "notes": []},
+    "nemorl-v0.4-qwen3-30b-a3b-32xh100-onpolicy": {
+        "args": ["--hardware", "H100-SXM-80G", "--model", "Qwen3-30B-A3B", "--actor-num-nodes", "4",
+                 "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
+                 "--expert-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4",
+                 *_nemo_moe(3154, prompts=64, max_len=4096, gbs=512)],
+        "map": NEMO_MAP,
+        "notes": ["MoE (issue 21): ETP 1, router imbalance 1.15 and grouped-GEMM efficiency 0.7 are vime defaults",
+                  "predicted by the helper that read the table row (figures on the same line); nothing tuned on them"]},
+    "nemorl-v0.4-qwen3-235b-a22b-128xh100-onpolicy": {
+        "args": ["--hardware", "H100-SXM-80G", "--model", "Qwen3-235B-A22B", "--actor-num-nodes", "16",
+                 "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
+                 "--context-parallel-size", "2", "--pipeline-model-parallel-size", "8",
+                 "--expert-model-parallel-size", "16", "--rollout-num-gpus-per-engine", "16",
+                 "--recompute-granularity", "full", *_nemo_moe(5671, prompts=16, max_len=8192, gbs=512)],
+        "map": NEMO_MAP,
+        "notes": ["MoE (issue 21): fp32 Adam moments in vime vs NeMo's precision-aware optimizer",
+                  "predicted by the helper that read the table row (figures on the same line); nothing tuned on them"]},
     "slime-385-16xh200-qwen3-0.6b-colocate": {
         "args": ["--hardware", "H200-141G", "--model", "Qwen3-0.6B", "--actor-num-nodes", "2",
                  "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "1",

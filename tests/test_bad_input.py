@@ -130,7 +130,12 @@ def test_malformed_model_files_name_the_file(tmp_path: Path, text: str | bytes, 
     ({"num_attention_heads": 0}, "num_attention_heads"), ({"hidden_size": 2560.7}, "hidden_size"),
     ({"num_hidden_layers": True}, "num_hidden_layers"), ({"torch_dtype": "int3"}, "torch_dtype"),
     ({"num_attention_heads": 7, "num_key_value_heads": 7, "head_dim": None}, "head_dim"), ({"num_key_value_heads": 3}, "num_key_value_heads"),
-    ({"vocab_size": -5}, "vocab_size"), ({"num_experts": 8}, "mixture-of-experts"),
+    ({"vocab_size": -5}, "vocab_size"), ({"num_experts": 8}, "num_experts_per_tok"),
+    ({"num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 64}, "num_experts_per_tok"),
+    ({"num_experts": 8, "num_experts_per_tok": 2}, "moe_intermediate_size"),
+    ({"num_local_experts": 8, "num_experts": 8}, "both"), ({"kv_lora_rank": 512}, "latent attention"),
+    ({"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "mlp_only_layers": [99]},
+     "mlp_only_layers"),
 ])
 def test_inconsistent_model_configs_say_what_to_fix(change: dict[str, Any], needle: str) -> None:
     data = {**json.loads(PRESET_MODEL.read_text()), **change}

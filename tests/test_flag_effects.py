@@ -76,6 +76,10 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "use_distributed_optimizer": Effect(("--no-use-distributed-optimizer",), P.optimizer),
     "recompute_granularity": Effect(("--recompute-granularity", "full"), P.model),
     "sequence_parallel": Refused(("--sequence-parallel",), "vime simulate"),
+    # MoE (issue 21): the real trainer trains Qwen3-MoE at EP 1 and TP 1; the engines take vLLM's expert parallelism
+    "expert_model_parallel_size": Refused(("--expert-model-parallel-size", "2"), "vime simulate"),
+    "expert_tensor_parallel_size": Refused(("--expert-tensor-parallel-size", "1"), "vime simulate"),
+    "enable_expert_parallel": Effect(("--enable-expert-parallel",), P.server),
     "bf16": Effect(("--bf16",), P.model),
     "fp16": Effect(("--fp16",), P.optimizer),
     # train loop
@@ -180,6 +184,7 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "ray_address": Effect(("--ray-address", "127.0.0.1:6379"), P.ray_address),
     # simulator inputs: on the real backend only --compare-sim's simulation reads them
     "hardware": Refused(("--hardware", "H200-141G"), "--compare-sim"),
+    "moe_load_imbalance": Refused(("--moe-load-imbalance", "1.3"), "--compare-sim"),
     "model": Refused(("--model", "Qwen3-0.6B"), "--compare-sim"),
     "response_length": Refused(("--response-length", "fixed:16"), "--compare-sim"),
     "prompt_length": Refused(("--prompt-length", "fixed:16"), "--compare-sim"),

@@ -1,11 +1,12 @@
-"""The one reader of a Hugging Face `config.json`: the architecture facts of a dense decoder, every value checked.
+"""The one reader of a Hugging Face `config.json`: the architecture facts of a decoder (dense or MoE), every value checked.
 
 Both the simulator's cost model (`vime.sim.models.ModelSpec`) and the Megatron mapping
 (`vime.real.megatron.model`) derive their specs from `HFModelConfig`, so a file means the same
 model to both. Bad values (a missing key, ``num_attention_heads: 0``, ``hidden_size: 2560.7``, a
 boolean where a count belongs, ``NaN``, heads that do not divide the hidden size without a
 ``head_dim``, an unknown ``torch_dtype``) raise one-line `ConfigError`s naming the file, the key and
-the fix.
+the fix. The experts of a mixture-of-experts config are read by `vime.hf_moe` (Qwen-MoE, Mixtral,
+GLM-4-MoE; DeepSeek's latent attention is refused).
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from vime.errors import ConfigError
+from vime.hf_moe import MoEFields, parse_moe
 from vime.inputs import count, flag, number, read_json
 
 #: Weight dtype names of config.json (torch_dtype / dtype) and their bytes per element.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-#: Keys that mark a mixture-of-experts config (issue 21 adds them).
-MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 #: Activations of a gated (SwiGLU-style) MLP.
 GATED_ACTS = ("silu", "swiglu", "gelu_pytorch_tanh", "gelu")
 #: Generous upper bounds: beyond them a value is a typo, not a model.
@@ -32,7 +32,7 @@ _MAX = {"num_hidden_layers": 4096, "hidden_size": 1 << 20, "intermediate_size": 
 
 @dataclass(frozen=True)
 class HFModelConfig:
-    """A dense decoder's architecture as its config.json states it (HF key names in comments)."""
+    """A decoder's architecture as its config.json states it (HF key names in comments)."""
 
     name: str
     source: str
@@ -55,6 +55,7 @@ class HFModelConfig:
     rope_type: str  # "default" or "llama3"
     rope_scaling_factor: float | None
     dtype: str  # torch_dtype / dtype
+    moe: MoEFields = MoEFields()  # the experts (empty for a dense model)
 
     @property
     def dtype_bytes(self) -> int:
@@ -74,10 +75,6 @@ def parse_hf_config(data: Any, *, name: str, source: str = "") -> HFModelConfig:
         if not isinstance(inner, Mapping):
             raise ConfigError(f"{where}: 'text_config' must be an object")
         data = {**inner, "model_type": data.get("model_type", inner.get("model_type", ""))}
-    for key in MOE_KEYS:
-        if data.get(key):
-            raise ConfigError(f"{where}: {key}={data[key]!r}: mixture-of-experts models are not supported yet; "
-                              f"use a dense model")
     layers = count(data, "num_hidden_layers", where=where, maximum=_MAX["num_hidden_layers"])
     hidden = count(data, "hidden_size", where=where, maximum=_MAX["hidden_size"])
     ffn = count(data, "intermediate_size", where=where, maximum=_MAX["intermediate_size"])
@@ -105,6 +102,7 @@ def parse_hf_config(data: Any, *, name: str, source: str = "") -> HFModelConfig:
     if not isinstance(act, str):
         raise ConfigError(f"{where}: 'hidden_act' must be a string, got {act!r}")
     rope_type, theta, factor = _rope(data, where)
+    moe = parse_moe(data, where=where, num_layers=layers, intermediate_size=ffn)
     qk_default = model_type.startswith("qwen3")
     qk_norm = flag(data, "qk_norm", where=where, default=flag(data, "use_qk_norm", where=where, default=qk_default))
     qkv_bias = model_type == "qwen2" or flag(data, "attention_bias", where=where)
@@ -114,7 +112,7 @@ def parse_hf_config(data: Any, *, name: str, source: str = "") -> HFModelConfig:
         max_position_embeddings=max_pos, tie_word_embeddings=flag(data, "tie_word_embeddings", where=where),
         qk_norm=qk_norm, qkv_bias=qkv_bias, mlp_bias=flag(data, "mlp_bias", where=where),
         gated_mlp=act in GATED_ACTS, rms_norm_eps=number(data, "rms_norm_eps", where=where, default=1e-6, high=1.0),
-        rope_theta=theta, rope_type=rope_type, rope_scaling_factor=factor, dtype=dtype)
+        rope_theta=theta, rope_type=rope_type, rope_scaling_factor=factor, dtype=dtype, moe=moe)
 
 
 def _rope(data: Mapping[str, Any], where: str) -> tuple[str, float, float | None]:

@@ -157,8 +157,12 @@ def test_head_dim_defaults_and_qwen2_bias():
 
 
 def test_moe_unknown_and_broken_configs_fail_clearly(tmp_path):
-    with pytest.raises(ConfigError, match="mixture-of-experts"):
-        ModelSpec.from_hf_config({"num_experts": 128, "num_hidden_layers": 1}, name="moe")
+    dense = {"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+             "num_attention_heads": 4, "vocab_size": 100}
+    with pytest.raises(ConfigError, match="num_experts_per_tok"):  # an expert count without its top-k
+        ModelSpec.from_hf_config({**dense, "num_experts": 128}, name="moe")
+    with pytest.raises(ConfigError, match="latent attention"):  # DeepSeek's MLA is refused, not mis-modelled
+        ModelSpec.from_hf_config({**dense, "kv_lora_rank": 512}, name="mla")
     with pytest.raises(ConfigError) as info:
         load_model("Qwen4-1T")
     assert all(p in str(info.value) for p in PRESETS)

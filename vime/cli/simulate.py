@@ -30,11 +30,16 @@ def _band(b: dict[str, Any] | None) -> str:
 
 def format_text(doc: dict[str, Any]) -> str:
     """The human report: phases, rollout figures, memory per GPU, verdict."""
-    cfg = doc["config"]
-    lines = [f"vime simulate — {doc['model']['name']} ({doc['model']['params_b']:.2f} B params) on "
+    cfg, m = doc["config"], doc["model"]
+    params = f"{m['params_b']:.2f} B params"
+    ep = ""
+    if m.get("experts"):  # MoE: the active parameters, the experts and the expert parallelism
+        params += f", {m['active_params_b']:.2f} B active, {m['experts_per_token']} of {m['experts']} experts"
+        ep = f", EP {cfg.get('expert_model_parallel_size', 1)}"
+    lines = [f"vime simulate — {m['name']} ({params}) on "
              f"{cfg['actor_num_gpus']} × {doc['hardware']['name']}, "
              f"{'colocate' if cfg['colocate'] else 'disaggregated'}, TP {cfg['tensor_model_parallel_size']} × "
-             f"DP {cfg['data_parallel_size']}, {cfg['rollout_num_engines']} engines × "
+             f"DP {cfg['data_parallel_size']}{ep}, {cfg['rollout_num_engines']} engines × "
              f"{cfg['rollout_num_gpus_per_engine']} GPUs, {cfg['rollout_batch_size']} × {cfg['n_samples_per_prompt']} "
              f"samples, {len(doc['steps'])} step(s) simulated", ""]
     s = doc["summary"]
@@ -331,6 +336,9 @@ def run_sweep_command(args: Args) -> int:
                 print(" ".join(best.argv))
                 for word, what in placeholders(best.argv).items():
                     print(f"  {word} is a placeholder: {what}")
+                if int(best.changes.get("expert_model_parallel_size", 1)) > 1:
+                    print("  note: vime train --backend real trains MoE models at --expert-model-parallel-size 1 only "
+                          "today; this layout runs on --backend sim")
         return 0 if best is not None else 3
     points = parse_sweep(args.sweep, max_points=int(args.max_points))
     axes = list(points[0]) if points else []

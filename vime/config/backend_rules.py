@@ -11,7 +11,7 @@ from vime.config.passthrough import check_vllm_args
 from vime.errors import ConfigError
 
 #: simulator inputs: on --backend real only --compare-sim's simulation reads them
-SIM_INPUTS = ("hardware", "model", "response_length", "prompt_length")
+SIM_INPUTS = ("hardware", "model", "response_length", "prompt_length", "moe_load_imbalance")
 
 
 def _need(cond: bool, message: str) -> None:

@@ -83,6 +83,12 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = opt(1, "Megatron pipeline-parallel size", type=int)
     context_parallel_size: int = opt(1, "Megatron context-parallel size", type=int)
     use_distributed_optimizer: bool = opt(True, "shard optimizer state across DP ranks", negatable=True)
+    expert_model_parallel_size: int = opt(1, "Megatron expert-parallel size: each MoE layer's routed experts split "
+                                             "over this many ranks (MoE models; divides the expert count)", type=int)
+    expert_tensor_parallel_size: int | None = opt(None, "Megatron expert tensor-parallel size: each expert's width "
+                                                        "split over this many ranks (default: 1 with --expert-model-parallel-size "
+                                                        "> 1, as slime's MoE recipes; else "
+                                                        "--tensor-model-parallel-size, Megatron's)", type=int)
     recompute_granularity: str | None = opt(None, "Megatron activation recomputation: full (every layer's "
                                                   "activations recomputed in the backward; method uniform, "
                                                   "1 layer per checkpoint) or selective (core attention only)",
@@ -240,6 +246,9 @@ class EngineConfig:
                                       type=int)
     #: what ``--vllm-<server-flag> [VALUE]`` words reach `vllm serve` (vime.config.passthrough); not a flag itself
     vllm_extra_args: tuple[str, ...] = opt((), "vLLM server flags passed through", commands=())
+    enable_expert_parallel: bool = opt(False, "vLLM expert parallelism: each engine places whole experts on its "
+                                              "--rollout-num-gpus-per-engine GPUs (dispatch/combine all-to-all "
+                                              "instead of the MLP all-reduce; MoE models)")
 
 
 @dataclass(frozen=True)
@@ -270,6 +279,8 @@ class SimConfig:
                                              metavar="SPEC")
     prompt_length: LengthSpec | None = opt(None, "prompt-length distribution, same grammar (default "
                                                  "uniform:max/8,max)", metavar="SPEC")
+    moe_load_imbalance: float = opt(1.15, "MoE models: tokens the busiest expert-parallel rank receives over the "
+                                          "mean (router load imbalance; 1 = perfectly balanced)", type=float)
 
 
 @dataclass(frozen=True)

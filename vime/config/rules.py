@@ -13,20 +13,24 @@ from vime.config.lengths import default_prompt_spec, default_response_spec, pars
 from vime.config.options import GROUPS, ClusterConfig, DerivedConfig, _flags_of
 from vime.errors import ConfigError
 from vime.placement import plan_placement
+from vime.sim.moe import effective_expert_tp
 
 #: Steps `vime simulate` runs when --num-rollout is not given.
 SIMULATE_DEFAULT_NUM_ROLLOUT = 2
 #: Upper bounds past which a number is a typo, not a setting (integers: MAX_COUNT unless named here).
 PLAUSIBLE_MAX: dict[str, float] = {"lr": 1.0, "rollout_temperature": 100.0, "kl_coef": 1e3, "kl_loss_coef": 1e3,
                                    "eps_clip_high": 10.0, "eps_clip_c": 1e3, "target_step_time": 1e7,
-                                   "update_weight_buffer_size": float(1 << 40), "seed": float(2**63 - 1)}
+                                   "update_weight_buffer_size": float(1 << 40), "seed": float(2**63 - 1),
+                                   "moe_load_imbalance": 100.0}
 MAX_COUNT = 10**9
 #: Flags that parse (slime users type them) but that vime does not train yet, and what to do instead.
 NOT_IMPLEMENTED = {
     "use_critic": "PPO with a value head is not implemented; use --advantage-estimator grpo, gspo or cispo",
     "use_opd": "drop --use-opd (distil beforehand and start from that model with --hf-checkpoint)",
-    "use_rollout_routing_replay": "drop it: routing replay needs MoE models, and vime trains dense models only",
-    "use_routing_replay": "drop it: routing replay needs MoE models, and vime trains dense models only",
+    "use_rollout_routing_replay": "drop it: MoE routing replay is not implemented (`vime simulate` plans MoE models; "
+                                  "the real trainer trains Qwen3-MoE at TP 1, EP 1, without replay)",
+    "use_routing_replay": "drop it: MoE routing replay is not implemented (`vime simulate` plans MoE models; the "
+                          "real trainer trains Qwen3-MoE at TP 1, EP 1, without replay)",
 }
 
 
@@ -99,13 +103,14 @@ def _check_ranges(v: dict[str, Any]) -> None:
                                    f"check the value")
     for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine",
                  "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                 "micro_batch_size", "rollout_batch_size", "n_samples_per_prompt",
+                 "expert_model_parallel_size", "micro_batch_size", "rollout_batch_size", "n_samples_per_prompt",
                  "rollout_max_prompt_len", "rollout_max_response_len", "rollout_max_context_len",
                  "vllm_server_concurrency", "max_num_seqs", "max_num_batched_tokens",
                  "update_weight_buffer_size"):
         _need(isinstance(v[name], int) and v[name] >= 1,
               f"{_flags_of(name)} must be a positive integer, got {v[name]!r}")
     for name in ("num_steps_per_rollout", "global_batch_size", "over_sampling_batch_size",
+                 "expert_tensor_parallel_size",
                  "rollout_num_gpus", "eval_interval", "save_interval", "num_epoch"):
         if v[name] is not None:
             _need(v[name] >= 1, f"{_flags_of(name)} must be ≥ 1, got {v[name]}; leave it out for the default")
@@ -241,7 +246,29 @@ def _parallelism(v: dict[str, Any]) -> int:
           f"(--actor-num-nodes {v['actor_num_nodes']} × --actor-num-gpus-per-node "
           f"{v['actor_num_gpus_per_node']}); choose sizes whose product divides {actor_gpus}")
     dp = actor_gpus // mp
+    _expert_parallelism(v, actor_gpus)
     return dp
+
+
+def _expert_parallelism(v: dict[str, Any], actor_gpus: int) -> None:
+    """Megatron's expert layout, as far as it is known without the model (the expert count is checked
+    where the model is read: `vime.sim.moe.check_expert_parallel`)."""
+    ep = v["expert_model_parallel_size"]
+    etp = effective_expert_tp(v["tensor_model_parallel_size"], ep, v["expert_tensor_parallel_size"])
+    pp = v["pipeline_model_parallel_size"]
+    _need(actor_gpus % (ep * etp * pp) == 0,
+          f"--expert-model-parallel-size {ep} × --expert-tensor-parallel-size {etp} × --pipeline-model-parallel-size "
+          f"{pp} = {ep * etp * pp} does not divide the {actor_gpus} actor GPUs; choose sizes whose product divides "
+          f"{actor_gpus}")
+    _need(v["moe_load_imbalance"] >= 1.0,
+          f"--moe-load-imbalance {v['moe_load_imbalance']} is below 1 (the busiest rank gets at least the mean); "
+          f"give a value ≥ 1")
+    moe_flags = [f for f, on in (("--expert-model-parallel-size", ep > 1),
+                                 ("--expert-tensor-parallel-size", v["expert_tensor_parallel_size"] is not None))
+                 if on]
+    _need(not (moe_flags and v["backend"] == "real"),
+          f"{' and '.join(moe_flags)}: the real Megatron trainer trains MoE models at EP 1 and TP 1 only (its "
+          f"expert-parallel load and export are not written); use `vime simulate` or --backend sim, or drop the flag")
 
 
 def _batches(v: dict[str, Any]) -> None:

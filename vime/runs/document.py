@@ -51,6 +51,18 @@ SCHEMA = "vime.simulate/1.1"
 GiB = 1024**3
 
 
+def _model(model: Any) -> dict[str, Any]:
+    """The model section: total and active parameters (equal for a dense model), and a MoE model's experts."""
+    out = {"name": model.name, "params_b": _r(model.num_params() / 1e9, 3),
+           "active_params_b": _r(model.num_active_params() / 1e9, 3), "layers": model.num_layers,
+           "hidden_size": model.hidden_size}
+    if model.is_moe:
+        out.update(experts=model.num_experts, experts_per_token=model.moe_top_k,
+                   expert_ffn_hidden_size=model.moe_ffn_hidden_size, shared_expert_ffn_size=model.shared_expert_ffn_size,
+                   moe_layers=len(model.moe_layers), dense_layers=model.num_layers - len(model.moe_layers))
+    return out
+
+
 def _r(x: float, nd: int = 4) -> float:
     return round(float(x), nd)
 
@@ -139,8 +151,7 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
         "config": sim.args.to_dict(),
         "hardware": {"name": hw.name, "memory_gib": _r(hw.memory_bytes / GiB, 2), "bf16_tflops": _r(hw.bf16_flops / 1e12, 1),
                      "hbm_tb_per_s": _r(hw.hbm_bytes_per_s / 1e12, 2)},
-        "model": {"name": model.name, "params_b": _r(model.num_params() / 1e9, 3), "layers": model.num_layers,
-                  "hidden_size": model.hidden_size},
+        "model": _model(model),
         "startup": sim.startup.to_dict() if sim.startup else None,
         "steps": [{"rollout_id": s.rollout_id, "phases": {k: _r(v, 6) for k, v in s.phases().items()},
                    "t_gap": _r(s.t_gap, 6), "t_step": _r(s.t_step, 6),

@@ -32,6 +32,7 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
             out.append((f"lower --micro-batch-size to {m}", {"micro_batch_size": m}))
             m //= 2
     if trainer or tag in ("params", "grads", "optimizer"):
+        out += _expert_parallel_fixes(args)
         if not args.use_distributed_optimizer:
             out.append(("enable --use-distributed-optimizer (Adam state sharded over DP)",
                         {"use_distributed_optimizer": True}))
@@ -48,6 +49,24 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
                     {"rollout_num_gpus_per_engine": g}))
     seen: set[str] = set()
     return [(d, c) for d, c in out if not (d in seen or seen.add(d))]  # type: ignore[func-returns-value]
+
+
+def _expert_parallel_fixes(args: Any) -> list[tuple[str, dict[str, Any]]]:
+    """MoE models: more expert-parallel ranks, each holding fewer whole experts (their state shrinks with EP)."""
+    from vime.sim.models import load_model
+
+    try:
+        experts = load_model(args.model).num_experts
+    except ConfigError:
+        return []
+    gpus, ep = int(args.actor_num_gpus), int(args.expert_model_parallel_size)
+    out = []
+    e = ep * 2
+    while experts and e <= gpus:
+        if gpus % e == 0 and experts % e == 0:
+            out.append((f"raise --expert-model-parallel-size to {e}", {"expert_model_parallel_size": e}))
+        e *= 2
+    return out
 
 
 def simulate_fixes(sim: Simulation, limit: int = 6) -> list[dict[str, Any]]:

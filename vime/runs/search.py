@@ -52,6 +52,10 @@ AXES: tuple[Axis, ...] = (
 #: With pipeline stages too, which the simulator models and the real trainer does not run yet (TP × DP
 #: only): for planning beyond today's real backend (bench/bench_search.py's 10,240-point searches).
 PLANNING_AXES: tuple[Axis, ...] = (*AXES[:2], Axis("pipeline_model_parallel_size", (1, 2, 4, 8), "trainer"), *AXES[2:])
+#: Searched for MoE models only (`expert_count`): invalid sizes (not dividing the GPUs or the experts) are
+#: pruned as invalid by the configuration check. The real trainer runs EP 1 only: a winner with EP > 1 is
+#: a plan for the simulator's backend, and the command line says so.
+EXPERT_AXIS = Axis("expert_model_parallel_size", (1, 2, 4, 8, 16, 32, 64), "trainer")
 #: Pruning rules, in the order they are tried.
 RULES = ("invalid", "memory", "target", "bound", "bound-after-one-step")
 #: The phases only the engines' options change, and the one only the trainer's options change.
@@ -59,6 +63,21 @@ ENGINE_PHASES = ("rollout", "offload", "onload_weights", "onload_kv")
 TRAINER_PHASES = ("train",)
 GPUS_PER_NODE = 8
 _TOL = 1e-3  # results are rounded to 1 µs (T_step) and 0.1 mGPU·s: a bound must beat them by more to prune
+
+
+def expert_count(base: Any) -> int:
+    """Routed experts of the base configuration's model (0: a dense model, or one that does not load)."""
+    from vime.sim.models import load_model
+
+    try:
+        return int(load_model(base.model).num_experts)
+    except ConfigError:
+        return 0
+
+
+def search_axes(base: Any, axes: Sequence[Axis] = AXES) -> tuple[Axis, ...]:
+    """`axes`, with the expert-parallel size for a MoE model."""
+    return (*axes, EXPERT_AXIS) if expert_count(base) and EXPERT_AXIS not in axes else tuple(axes)
 
 
 def changes_of(point: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +213,8 @@ def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_s
     if goal == "fewest-gpus" and target_step_time is None:
         raise ConfigError("--search fewest-gpus needs --target-step-time SECONDS")
     t0 = time.perf_counter()
+    if points is None:
+        axes = search_axes(base, axes)
     pts = list(points) if points is not None else grid(max_gpus, axes)
     if not pts:
         raise ConfigError(f"--search: no GPU count up to --max-gpus {max_gpus}; raise --max-gpus")

@@ -152,7 +152,8 @@ def build_sim_backends(args: Any, *, env: simpy.Environment | None = None,
         placement[name] = ids
     router = SimRouter(engines, str(args.router_policy), seed=seed, recorder=cluster.recorder)
     trainer: Any = SimTrainer(args.cluster, args.parallel, args.algo, mdl, cluster, seed=seed,
-                              start_rollout_id=args.start_rollout_id)
+                              start_rollout_id=args.start_rollout_id,
+                              moe_load_imbalance=getattr(args, "moe_load_imbalance", None))
     exposed: list[Any] = list(engines)
     if args.update_weight_mode == "disk":
         from vime.sim.disk_sync import wrap_disk_sync

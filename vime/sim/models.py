@@ -1,4 +1,4 @@
-"""Dense transformer model specs for the simulator: parameter counts, FLOPs, KV-cache and activation bytes.
+"""Transformer model specs (dense and MoE) for the simulator: parameter counts, FLOPs, KV-cache and activation bytes.
 
 A `ModelSpec` is read from a Hugging Face ``config.json`` (any path) or from a preset of the same
 form in ``vime/sim/data/models/`` (Qwen3 0.6B…32B, Qwen2.5-7B, Llama-3.1 8B/70B). Only the
@@ -9,6 +9,9 @@ embedding and an output head (tied or not).
 Sharding follows Megatron / vLLM tensor parallelism: linear layers and the vocabulary are split
 over TP; norms are replicated; when ``num_kv_heads < TP`` each rank keeps one whole KV head
 (replication, as vLLM does), so KV bytes stop shrinking once TP passes the KV head count.
+Mixture-of-experts layers (``num_experts > 0``: Qwen3-30B-A3B, Qwen3-235B-A22B, Mixtral, GLM-4-MoE)
+take their expert counts and sharding from `vime.sim.moe`: FLOPs from the active parameters,
+bytes from all of them, routed experts split over EP × ETP.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from typing import Any, Literal
 from vime.errors import ConfigError
 from vime.hf_config import HFModelConfig, load_hf_config, parse_hf_config
 from vime.inputs import read_json
+from vime.sim import moe as _moe
+from vime.sim.moe import MoELayers
+from vime.sim.weight_layout import WeightLayout
 
 _MODELS_DIR = Path(__file__).parent / "data" / "models"
 
@@ -33,8 +39,8 @@ Recompute = Literal["none", "selective", "full"]
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """The architecture numbers of one dense decoder-only model (HF config names in comments)."""
+class ModelSpec(MoELayers, WeightLayout):
+    """The architecture numbers of one decoder-only model, dense or MoE (HF config names in comments)."""
 
     name: str
     num_layers: int  # num_hidden_layers
@@ -51,6 +57,11 @@ class ModelSpec:
     max_position_embeddings: int = 0
     dtype_bytes: int = 2  # bf16 weights, activations and KV cache
     source: str = ""
+    num_experts: int = 0  # num_experts / num_local_experts / n_routed_experts (0: dense)
+    moe_top_k: int = 0  # num_experts_per_tok
+    moe_ffn_hidden_size: int = 0  # moe_intermediate_size (Mixtral: intermediate_size)
+    shared_expert_ffn_size: int = 0  # shared experts' width, summed
+    moe_layers: tuple[int, ...] = ()  # indices of the MoE layers
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads",
@@ -58,6 +69,7 @@ class ModelSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
+        self._check_moe()
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError(f"model {self.name}: num_attention_heads {self.num_attention_heads} is not a "
                               f"multiple of num_key_value_heads {self.num_kv_heads}")
@@ -80,7 +92,10 @@ class ModelSpec:
         _check_parallel(1, pp)
         return math.ceil(self.num_layers / pp)
 
-    def _layer_params(self, tp: int) -> int:
+    def _dense_mlp_params(self, tp: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden_size // tp
+
+    def _attn_params(self, tp: int) -> int:
         h, hd = self.hidden_size, self.head_dim
         q_out = self.num_attention_heads * hd // tp
         kv_out = self.kv_heads_per_rank(tp) * hd
@@ -89,24 +104,31 @@ class ModelSpec:
             attn += q_out + 2 * kv_out
         if self.qk_norm:
             attn += 2 * hd  # replicated
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden_size // tp
-        return attn + mlp + 2 * h  # two RMSNorms, replicated
+        return attn + 2 * h  # two RMSNorms, replicated
 
-    def params_per_rank(self, tp: int = 1, pp: int = 1, stage: int | None = None) -> int:
+    def _layers_params(self, layers: range, tp: int, ep: int, etp: int) -> int:
+        """Parameters of `layers` on one rank: attention everywhere, the dense MLP or the MoE MLP."""
+        n_moe = self._moe_count(layers)
+        moe = n_moe * _moe.moe_mlp_params(self, tp, ep, etp) if n_moe else 0
+        return len(layers) * self._attn_params(tp) + (len(layers) - n_moe) * self._dense_mlp_params(tp) + moe
+
+    def params_per_rank(self, tp: int = 1, pp: int = 1, stage: int | None = None, *, ep: int = 1,
+                        etp: int | None = None) -> int:
         """Parameters on one rank of pipeline `stage` in a TP×PP layout (None: the busiest stage).
 
         Layers are spread as evenly as possible (the first stages get the remainder); the first
         stage holds the embedding, the last the final norm and the output head. The vocabulary
         is split over TP without Megatron's padding (a < 0.2 % difference). With PP > 1 a tied
-        output head is a second copy on the last stage, as in Megatron.
+        output head is a second copy on the last stage, as in Megatron. Routed experts are split over
+        `ep` × `etp` (ETP default: TP, Megatron's).
         """
         _check_parallel(tp, pp)
+        etp = tp if etp is None else etp
         if stage is None:
-            return max(self.params_per_rank(tp, pp, s) for s in range(pp))
+            return max(self.params_per_rank(tp, pp, s, ep=ep, etp=etp) for s in range(pp))
         if not 0 <= stage < pp:
             raise ConfigError(f"pipeline stage {stage} out of range for PP={pp}")
-        base, extra = divmod(self.num_layers, pp)
-        layers = (base + (1 if stage < extra else 0)) * self._layer_params(tp)
+        layers = self._layers_params(self._stage_layers(pp, stage), tp, ep, etp)
         embed = self.vocab_size * self.hidden_size // tp
         total = layers
         if stage == 0:
@@ -116,15 +138,16 @@ class ModelSpec:
         return total
 
     def num_params(self) -> int:
-        """Total parameters (tied embeddings counted once)."""
+        """Total parameters (tied embeddings counted once; every expert)."""
         return self.params_per_rank(1, 1)
 
     def num_non_embedding_params(self) -> int:
-        return self.num_layers * self._layer_params(1) + self.hidden_size
+        return self._layers_params(range(self.num_layers), 1, 1, 1) + self.hidden_size
 
     def weight_bytes(self, tp: int = 1, pp: int = 1, stage: int | None = None) -> int:
-        """Weight bytes on one GPU at `dtype_bytes` per parameter (seed step 36: ~4 GB for Qwen3-4B, TP=2)."""
-        return self.params_per_rank(tp, pp, stage) * self.dtype_bytes
+        """Weight bytes on one GPU at `dtype_bytes` per parameter (seed step 36: ~4 GB for Qwen3-4B, TP=2);
+        a MoE engine holds 1/TP of every expert (TP-split or, with expert parallelism, whole experts)."""
+        return self.params_per_rank(tp, pp, stage, ep=1, etp=tp) * self.dtype_bytes
 
     # --- compute ----------------------------------------------------------------------------
     def matmul_params(self) -> int:
@@ -133,8 +156,11 @@ class ModelSpec:
 
     @functools.cached_property
     def _matmul_params(self) -> int:
-        return self.num_layers * (self._layer_params(1) - 2 * self.hidden_size
-                                  - (2 * self.head_dim if self.qk_norm else 0)) + self.vocab_size * self.hidden_size
+        n_moe = len(self.moe_layers)
+        attn = self._attn_params(1) - 2 * self.hidden_size - (2 * self.head_dim if self.qk_norm else 0)
+        mlp = (self.num_layers - n_moe) * self._dense_mlp_params(1) + n_moe * (
+            _moe.active_mlp_params(self) if n_moe else 0)
+        return self.num_layers * attn + mlp + self.vocab_size * self.hidden_size
 
     def attention_flops_per_token(self, context_len: int) -> float:
         """Score and value matmuls of one token attending to `context_len` tokens: 4·layers·heads·head_dim·ctx."""
@@ -205,7 +231,8 @@ class ModelSpec:
 
     def activation_bytes_per_layer_token(self, tp: int = 1, *, sequence_parallel: bool = True,
                                          attention: str = "flash", norm: str = "fused",
-                                         elementwise: str = "fused") -> float:
+                                         elementwise: str = "fused", etp: int | None = None,
+                                         imbalance: float = 1.0) -> float:
         """Bytes one transformer block keeps per token for the backward pass (no recompute).
 
         Adapted from Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -222,7 +249,9 @@ class ModelSpec:
           an fp32 log-sum-exp per head; ``unfused`` keeps only the output here (the s² scores and
           the K/V expanded to every head are `vime.sim.trainer.score_bytes`);
         - MLP: gate and up outputs 2·b·F and the down projection's input b·F; unfused elementwise
-          kernels add the silu output and the copy Megatron's GLU makes of the gate (2·b·F more).
+          kernels add the silu output and the copy Megatron's GLU makes of the gate (2·b·F more);
+          a MoE layer keeps `vime.sim.moe.moe_activation_bytes_per_token` instead (experts over
+          `etp`, the busiest rank's share `imbalance`), averaged over the layers.
 
         Everything is split over TP; the block-norm terms only with sequence parallelism.
         """
@@ -243,6 +272,10 @@ class ModelSpec:
             mlp = (5 if elementwise == "unfused" else 3) * b * ffn
         else:
             mlp = 2 * b * ffn
+        if self.is_moe:
+            n_moe = len(self.moe_layers)
+            moe = _moe.moe_activation_bytes_per_token(self, tp, tp if etp is None else etp, imbalance)
+            return norms + qk + attn + ((self.num_layers - n_moe) * mlp + n_moe * moe) / self.num_layers
         return norms + qk + attn + mlp
 
     def final_bytes_per_token(self, tp: int = 1, *, sequence_parallel: bool = True, norm: str = "fused") -> float:
@@ -257,7 +290,8 @@ class ModelSpec:
 
     def activation_bytes_per_token(self, tp: int = 1, pp: int = 1, recompute: Recompute = "none",
                                    *, sequence_parallel: bool = True, attention: str = "flash",
-                                   norm: str = "fused", elementwise: str = "fused") -> float:
+                                   norm: str = "fused", elementwise: str = "fused", etp: int | None = None,
+                                   imbalance: float = 1.0) -> float:
         """Training activation bytes per token on the busiest rank of a TP×PP layout.
 
         ``none``/``selective``: every block keeps `activation_bytes_per_layer_token` (Megatron's
@@ -270,7 +304,8 @@ class ModelSpec:
             raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
         layers = self.layers_per_stage(pp)
         per_layer = self.activation_bytes_per_layer_token(tp, sequence_parallel=sequence_parallel,
-                                                          attention=attention, norm=norm, elementwise=elementwise)
+                                                          attention=attention, norm=norm, elementwise=elementwise,
+                                                          etp=etp, imbalance=imbalance)
         if recompute == "full":
             keep = self.dtype_bytes * self.hidden_size / (tp if sequence_parallel else 1)
             body = layers * keep + per_layer
@@ -279,68 +314,13 @@ class ModelSpec:
         final = self.final_bytes_per_token(tp, sequence_parallel=sequence_parallel, norm=norm)
         return body + final + self.logits_bytes_per_token(tp)
 
-    # --- weight export ----------------------------------------------------------------------------
-    def vllm_weight_allocations(self, tp: int = 1) -> list[int]:
-        """Bytes of each weight tensor one vLLM TP rank allocates, in vLLM's fused layout (QKV and
-        gate/up as one parameter each, vocabulary split over TP): one CuMem allocation each, which is
-        what its sleep backs up tensor by tensor."""
-        b, h, hd, f = self.dtype_bytes, self.hidden_size, self.head_dim, self.ffn_hidden_size // tp
-        q, kv = self.num_attention_heads // tp * hd, self.kv_heads_per_rank(tp) * hd
-        vocab = -(-self.vocab_size // tp)
-        layer = [b * h, b * (q + 2 * kv) * h, b * h * q, b * h, (2 if self.gated_mlp else 1) * b * f * h, b * h * f]
-        if self.qkv_bias:
-            layer.append(b * (q + 2 * kv))
-        if self.qk_norm:
-            layer += [b * hd, b * hd]
-        out = [b * vocab * h] + layer * self.num_layers + [b * h]
-        if not self.tie_embeddings:
-            out.append(b * vocab * h)
-        return out
-
-    def vllm_pinned_scale(self, tp: int = 1) -> float:
-        """Pinned host bytes per weight byte of vLLM's sleep backup: each backup is a
-        `torch.empty(pin_memory=True)` from PyTorch's caching host allocator, which rounds every
-        block up to a power of two (Qwen3-4B: 1.34; the H200's first level-1 sleep pinned at
-        0.56-0.89 s per GiB of weights against 0.34-0.72 s/GiB for exact-size pinning)."""
-        sizes = self.vllm_weight_allocations(tp)
-        return sum(1 << max(0, (n - 1).bit_length()) for n in sizes) / sum(sizes)
-
-    def hf_weight_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Full (TP-gathered) tensors under their Hugging Face names, in checkpoint order.
-
-        Their element counts sum to `num_params()`; this is what the trainer exports to the
-        engines bucket by bucket (seed step 48).
-        """
-        h, hd, f = self.hidden_size, self.head_dim, self.ffn_hidden_size
-        q, kv = self.num_attention_heads * hd, self.num_kv_heads * hd
-        out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (self.vocab_size, h))]
-        for i in range(self.num_layers):
-            p = f"model.layers.{i}."
-            out.append((p + "input_layernorm.weight", (h,)))
-            out += [(p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
-                    (p + "self_attn.v_proj.weight", (kv, h))]
-            if self.qkv_bias:
-                out += [(p + "self_attn.q_proj.bias", (q,)), (p + "self_attn.k_proj.bias", (kv,)),
-                        (p + "self_attn.v_proj.bias", (kv,))]
-            if self.qk_norm:
-                out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-            out.append((p + "self_attn.o_proj.weight", (h, q)))
-            out.append((p + "post_attention_layernorm.weight", (h,)))
-            if self.gated_mlp:
-                out.append((p + "mlp.gate_proj.weight", (f, h)))
-            out += [(p + "mlp.up_proj.weight", (f, h)), (p + "mlp.down_proj.weight", (h, f))]
-        out.append(("model.norm.weight", (h,)))
-        if not self.tie_embeddings:
-            out.append(("lm_head.weight", (self.vocab_size, h)))
-        return out
-
     # --- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], *, name: str, source: str = "") -> ModelSpec:
-        """The spec of an HF config.json dict, checked by `vime.hf_config` (MoE and non-decoder configs are refused)."""
+        """The spec of an HF config.json dict, checked by `vime.hf_config` (non-decoder configs and MLA are refused)."""
         return cls.from_hf(parse_hf_config(config, name=name, source=source))
 
     @classmethod
@@ -350,7 +330,9 @@ class ModelSpec:
                    num_kv_heads=hf.num_kv_heads, head_dim=hf.head_dim, vocab_size=hf.vocab_size,
                    tie_embeddings=hf.tie_word_embeddings, qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias,
                    gated_mlp=hf.gated_mlp, max_position_embeddings=hf.max_position_embeddings,
-                   dtype_bytes=hf.dtype_bytes, source=hf.source)
+                   dtype_bytes=hf.dtype_bytes, source=hf.source, num_experts=hf.moe.num_experts,
+                   moe_top_k=hf.moe.top_k, moe_ffn_hidden_size=hf.moe.expert_ffn,
+                   shared_expert_ffn_size=hf.moe.shared_ffn, moe_layers=hf.moe.moe_layers)
 
 
 def _check_parallel(tp: int, pp: int) -> None:

@@ -258,6 +258,16 @@ def cpu_compat() -> Iterator[bool]:
             uninstall()
 
 
+def moe_without_te() -> None:
+    """megatron-core's MoE router reads `moe_utils.te_general_gemm`, which it leaves undefined when
+    TransformerEngine is absent (a NameError in the router's forward): define it as None, the
+    value its own fallback path tests for. Idempotent."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def is_installed() -> bool:
     return _depth > 0
 

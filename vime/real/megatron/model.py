@@ -29,9 +29,12 @@ import torch
 from vime.errors import ConfigError
 from vime.hf_config import parse_hf_config
 from vime.inputs import read_json
+from vime.real.megatron import moe_mapping
 
 #: HF `model_type`s whose dense decoder this module maps (the seed's model families).
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+#: MoE `model_type`s whose weights this module maps (`moe_mapping`) and whose layers it builds (TP 1, EP 1).
+MOE_MAPPED_MODEL_TYPES = ("qwen3_moe",)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class ModelSpec:
     qk_norm: bool  # Qwen3: RMSNorm on each head's q and k
     qkv_bias: bool  # Qwen2/2.5: biases on q, k, v
     rope_scaling_factor: float | None = None  # Llama-3.1 style "llama3" rope scaling
+    num_experts: int = 0  # MoE: routed experts per layer
+    moe_top_k: int = 0
+    moe_intermediate_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +75,9 @@ class ModelSpec:
         """TP must divide the query groups and the MLP width, or the shards are not whole."""
         if tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {tp}")
+        if self.num_experts and tp > 1:
+            raise ConfigError(f"--tensor-model-parallel-size {tp}: Megatron's MoE layers with TP > 1 need sequence "
+                              f"parallelism, which vime's trainer does not turn on; use TP 1 for MoE models")
         if self.num_kv_heads % tp:
             raise ConfigError(
                 f"--tensor-model-parallel-size {tp} does not divide num_key_value_heads "
@@ -82,19 +91,31 @@ class ModelSpec:
 
 def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json") -> ModelSpec:
     """The Megatron mapping's spec of a `config.json` dict (or a transformers config's `to_dict()`), read
-    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families."""
+    and checked by `vime.hf_config` (the same reader the simulator uses), limited to the mapped families
+    (the dense ones and Qwen3-MoE)."""
     hf = parse_hf_config(cfg, name="model", source=source)
+    if hf.moe.is_moe:
+        if hf.model_type not in MOE_MAPPED_MODEL_TYPES:
+            raise ConfigError(f"{source}: model_type {hf.model_type!r} with {hf.moe.num_experts} experts: the "
+                              f"Megatron trainer maps {', '.join(MOE_MAPPED_MODEL_TYPES)} among MoE models (others "
+                              f"are planned with `vime simulate`)")
+        return _spec(hf)
     if hf.model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"model_type {hf.model_type!r} is not supported by the Megatron trainer; "
                           f"supported dense families: {', '.join(SUPPORTED_MODEL_TYPES)}")
     if hf.mlp_bias:
         raise ConfigError("mlp_bias=True is not supported by the Megatron trainer mapping")
+    return _spec(hf)
+
+
+def _spec(hf: Any) -> ModelSpec:
     return ModelSpec(
         model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
         intermediate_size=hf.intermediate_size, num_layers=hf.num_layers, num_heads=hf.num_heads,
         num_kv_heads=hf.num_kv_heads, head_dim=hf.head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_theta,
         max_position_embeddings=hf.max_position_embeddings or 4096, tie_word_embeddings=hf.tie_word_embeddings,
-        qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias, rope_scaling_factor=hf.rope_scaling_factor)
+        qk_norm=hf.qk_norm, qkv_bias=hf.qkv_bias, rope_scaling_factor=hf.rope_scaling_factor,
+        num_experts=hf.moe.num_experts, moe_top_k=hf.moe.top_k, moe_intermediate_size=hf.moe.expert_ffn)
 
 
 def load_hf_config(path: str) -> dict[str, Any]:
@@ -143,6 +164,12 @@ def transformer_config(spec: ModelSpec, *, tp: int, dtype: torch.dtype = torch.f
         use_cpu_initialization=cpu_init,
         cuda_graph_scope=[],
     )
+    if spec.num_experts:  # Qwen3-MoE: softmax over the top-k logits = norm_topk_prob's renormalised gates
+        kwargs.update(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_top_k,
+                      moe_ffn_hidden_size=spec.moe_intermediate_size, moe_router_pre_softmax=False,
+                      moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
+                      # the all-to-all dispatcher makes CUDA streams; the all-gather one runs on CPU too
+                      moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather")
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -163,7 +190,12 @@ def build_gpt_model(spec: ModelSpec, config: Any) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    if spec.num_experts:
+        from vime.real.megatron import compat
+
+        compat.moe_without_te()
+    layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
+                                          qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec,
@@ -251,6 +283,8 @@ def megatron_to_hf(spec: ModelSpec, name: str, full: torch.Tensor) -> list[tuple
         raise KeyError(f"no HF name for Megatron parameter {name!r}")
     i, rest = m.group(1), m.group(2)
     pre = f"model.layers.{i}."
+    if rest.startswith(moe_mapping.MEGATRON_PREFIXES):
+        return moe_mapping.megatron_to_hf(pre, rest, full)
     if rest in _LAYER_DIRECT:
         return [(pre + _LAYER_DIRECT[rest], full)]
     if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
@@ -287,6 +321,7 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
     """Megatron-full tensors from an HF state dict (vocab padded for `tp`). Unknown names raise."""
     out: dict[str, torch.Tensor] = {}
     pending: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer prefix, group) -> pieces
+    moe: dict[str, dict[str, torch.Tensor]] = {}  # layer prefix -> its MoE tensors (moe_mapping)
     padded = spec.padded_vocab(tp)
     for hf_name, tensor in hf.items():
         if hf_name in _HF_TOP_DIRECT:
@@ -308,6 +343,9 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
         if rest in _HF_LAYER_DIRECT:
             out[pre + _HF_LAYER_DIRECT[rest]] = tensor
             continue
+        if rest.startswith(moe_mapping.HF_PREFIXES):
+            moe.setdefault(pre, {})[rest] = tensor
+            continue
         parts = re.match(r"^(self_attn\.[qkv]_proj|mlp\.gate_proj|mlp\.up_proj)\.(weight|bias)$", rest)
         if parts is None:
             raise KeyError(f"HF tensor {hf_name!r} has no Megatron counterpart")
@@ -325,6 +363,8 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
             if {"gate_proj", "up_proj"} - pieces.keys():
                 raise KeyError(f"{pre}: HF checkpoint lacks gate_proj or up_proj")
             out[pre + "mlp.linear_fc1.weight"] = torch.cat([pieces["gate_proj"], pieces["up_proj"]], dim=0)
+    for pre, tensors in moe.items():
+        out.update(moe_mapping.hf_to_megatron(pre, tensors))
     return out
 
 

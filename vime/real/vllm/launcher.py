@@ -120,6 +120,7 @@ class ServerSpec:
     enforce_eager: bool = False
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    enable_expert_parallel: bool = False  # MoE: whole experts per rank (vLLM's --enable-expert-parallel)
     seed: int | None = None
     served_model_name: str | None = None
     cpu_kvcache_space_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE (CPU builds only)
@@ -191,6 +192,7 @@ def engine_specs(args: Any, *, device: Device = "cuda", host: str = "127.0.0.1",
         weight_transfer_backend="ipc" if bool(args.colocate) else None,
         max_num_seqs=getattr(args, "max_num_seqs", None),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
+        enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
         seed=getattr(args, "seed", None),
         extra_args=tuple(getattr(args, "vllm_extra_args", ()) or ()),  # --vllm-<flag> (vime.config.passthrough)
     )
@@ -239,6 +241,8 @@ def server_command(spec: ServerSpec, *, python: str = sys.executable,
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    if spec.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
     if spec.seed is not None:
         argv += ["--seed", str(spec.seed)]
     if spec.skip_tokenizer_init:

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vime.sim.moe import check_engine_expert_parallel, expected_distinct_experts
+
 if TYPE_CHECKING:
     from vime.protocols import WeightBucket
     from vime.sim.engine.settings import EngineSettings
@@ -51,6 +53,11 @@ class IterationModel:
     vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
     GPU executes (async scheduling), so it only shows when it is the longer one — at large
     batches (issue 10; bench/data/h200_notes.md).
+
+    MoE models: `weight_bytes` is the part every iteration reads; the routed experts
+    (`expert_bytes` per rank) are read only where the iteration's tokens go, the expected
+    fraction 1 − (1 − k/E)^tokens of them (`vime.sim.moe.expected_distinct_experts`): a small
+    decode batch reads far less than all weights, a prefill chunk all of them.
     """
 
     weight_bytes: float
@@ -69,6 +76,9 @@ class IterationModel:
     weight_bytes_per_s: float = 0.0  # weights streamed per step (0: bytes_per_s)
     eager_s: float = 0.0  # launch cost of an iteration past the CUDA graphs
     graph_max_tokens: int = 512
+    expert_bytes: float = 0.0  # routed-expert weights per rank (MoE), read where touched
+    num_experts: int = 0
+    top_k: int = 0
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
@@ -77,15 +87,27 @@ class IterationModel:
         per_ctx = (model.flops_per_token(4096, lm_head=False) - base) / 4096.0
         # Two all-reduces per layer (after attention and after the MLP) of hidden-size bf16 activations.
         ar_bytes = 2 * model.num_layers * model.hidden_size * model.dtype_bytes
-        lat = 2 * model.num_layers * settings.allreduce_latency_s if tp > 1 else 0.0
+        collectives = 2 * model.num_layers
+        a2a_s = 0.0
+        if settings.expert_parallel:
+            check_engine_expert_parallel(model, tp)
+            # MoE layers: the MLP all-reduce becomes a dispatch and a combine all-to-all of k copies
+            n_moe = len(model.moe_layers)
+            ar_bytes -= n_moe * model.hidden_size * model.dtype_bytes
+            collectives += n_moe
+            a2a_bytes = model.moe_top_k * model.hidden_size * model.dtype_bytes
+            a2a_s = 2 * n_moe * hardware.allgather_seconds(a2a_bytes, tp, calls=0)
+        lat = collectives * settings.allreduce_latency_s if tp > 1 else 0.0
+        experts = float(model.expert_weight_bytes(tp))
         eff = hardware.efficiency
         # TP > 1: the workers prepare their inputs in their own processes (Efficiency.host_step_tp_scale)
         host_scale = eff.host_step_tp_scale if tp > 1 else 1.0
-        return cls(float(model.weight_bytes(tp)), float(model.kv_bytes_per_token(tp)),
+        return cls(float(model.weight_bytes(tp)) - experts, float(model.kv_bytes_per_token(tp)),
                    hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
-                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0), lat,
+                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0) + a2a_s, lat,
                    model.lm_head_flops_per_token(), eff.host_step_s * host_scale, eff.host_step_per_seq_s * host_scale,
-                   hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens)
+                   hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens,
+                   experts, model.num_experts, model.moe_top_k)
 
     def host(self, seqs: int) -> float:
         """The engine's CPU time of one step with `seqs` scheduled requests."""
@@ -95,13 +117,19 @@ class IterationModel:
         eager = self.eager_s if tokens > self.graph_max_tokens else 0.0
         return self.overhead_s + eager + self.allreduce_latency_s + self.allreduce_per_token_s * tokens
 
-    def _weights_s(self) -> float:
-        return self.weight_bytes / (self.weight_bytes_per_s or self.bytes_per_s)
+    def _weights_s(self, tokens: float) -> float:
+        """Weights one iteration of `tokens` tokens reads: all of a dense model's; a MoE model's
+        shared part and the expected touched share of its experts."""
+        nbytes = self.weight_bytes
+        if self.expert_bytes:
+            nbytes += self.expert_bytes * expected_distinct_experts(self.num_experts, self.top_k, tokens) \
+                / self.num_experts
+        return nbytes / (self.weight_bytes_per_s or self.bytes_per_s)
 
     def gpu_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """The GPU's part of an iteration (what a bare PyTorch forward of the same shapes takes)."""
         seqs = tokens if seqs is None else seqs
-        mem = self._weights_s() + self.kv_bytes_per_token * kv_read_tokens / self.bytes_per_s
+        mem = self._weights_s(tokens) + self.kv_bytes_per_token * kv_read_tokens / self.bytes_per_s
         comp = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) \
             / self.tp / self.flops_per_s
         return self.fixed(tokens) + max(mem, comp)
@@ -121,7 +149,7 @@ class IterationModel:
     def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
         """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
         to ctx0 at j = 0 (the host floor is `host(n)`)."""
-        m0 = self._weights_s() + self.kv_bytes_per_token * ctx0 / self.bytes_per_s
+        m0 = self._weights_s(n) + self.kv_bytes_per_token * ctx0 / self.bytes_per_s
         m1 = self.kv_bytes_per_token * n / self.bytes_per_s
         scale = 1.0 / (self.tp * self.flops_per_s)
         f0 = ((self.flops_base + self.flops_head) * n + self.flops_per_ctx * ctx0) * scale

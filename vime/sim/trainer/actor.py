@@ -64,16 +64,16 @@ class SimTrainer(ActorCostModel):
     log-probs: one forward over the batch through the frozen reference model, which lives beside
     the policy as vime's real trainer keeps it (a second bf16 copy in the params tag: GPU memory
     while awake, copied to the host and back with the policy's weights when the trainer sleeps).
-    Not modelled: a critic, MoE, and overlap of DP communication with the backward pass.
+    Not modelled: a critic, routing replay, and overlap of DP communication with the backward pass.
     """
 
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, algo: AlgoConfig, model: ModelSpec,
                  cluster: SimCluster, *, seed: int, start_rollout_id: int = 0, name: str = OWNER,
                  pinned: PinnedMode | None = None, reuse_log_probs: bool | None = None,
-                 recompute: Recompute | None = None) -> None:
+                 recompute: Recompute | None = None, moe_load_imbalance: float | None = None) -> None:
         reference = algo.use_kl_loss or algo.kl_coef != 0.0
         super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute,
-                         reference=reference)
+                         reference=reference, moe_load_imbalance=moe_load_imbalance)
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vime.errors import ConfigError
+from vime.sim import moe
 from vime.sim.trainer.costs import (
     CHECKPOINT_BYTES_PER_S,
     compute_seconds,
@@ -40,16 +41,26 @@ class ActorCostModel:
     Pure: it depends on the placement and parallel options, the model, the hardware and the layout
     only, and changes nothing. `SimTrainer` extends it with memory on the cluster's GPUs and the
     virtual clock. ``recompute``: none / selective / full activation recomputation.
+    MoE models: routed experts split over EP × ETP, their grads reduced and their optimizer state
+    sharded over the expert-data-parallel ranks; `moe_load_imbalance` is the busiest rank's share.
     """
 
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, model: ModelSpec, hardware: HardwareSpec,
-                 num_gpus: int, *, recompute: Recompute | None = None, reference: bool = False) -> None:
+                 num_gpus: int, *, recompute: Recompute | None = None, reference: bool = False,
+                 moe_load_imbalance: float | None = None) -> None:
         self.model = model
         # The KL loss's frozen reference model: a second bf16 copy of the model on each rank, in the params
         # tag (vime/real/megatron/reference.py), so it sleeps and wakes with the policy's weights.
         self.reference = reference
         self.hw = hardware
         self.layout = Layout.of(placement, parallel, num_gpus)
+        lay = self.layout
+        self.ep = int(getattr(parallel, "expert_model_parallel_size", 1) or 1)
+        self.etp = moe.effective_expert_tp(lay.tp, self.ep, getattr(parallel, "expert_tensor_parallel_size", None))
+        moe.check_expert_parallel(model, world=lay.world, tp=lay.tp, pp=lay.pp, ep=self.ep, etp=self.etp)
+        self.imbalance = moe.DEFAULT_LOAD_IMBALANCE if moe_load_imbalance is None else float(moe_load_imbalance)
+        #: ranks sharing the same experts: their grads are reduced and their optimizer state sharded over them
+        self.expert_dp = moe.expert_data_parallel(lay.world, lay.pp, self.ep, self.etp)
         self.nodes = placement.actor_num_nodes
         if recompute is None:  # what --recompute-granularity asks for
             recompute = parallel.recompute_granularity or "none"
@@ -66,17 +77,35 @@ class ActorCostModel:
     def params_per_gpu(self) -> list[int]:
         """Parameters held by the rank on each actor GPU (its TP shard of its pipeline stage)."""
         lay = self.layout
-        return [self.model.params_per_rank(lay.tp, lay.pp, lay.coords(r)[3]) for r in range(lay.world)]
+        return [self.model.params_per_rank(lay.tp, lay.pp, lay.coords(r)[3], ep=self.ep, etp=self.etp)
+                for r in range(lay.world)]
+
+    def expert_params_per_gpu(self) -> list[int]:
+        """The routed-expert part of `params_per_gpu` (0 for a dense model)."""
+        lay, m = self.layout, self.model
+        if not m.is_moe:
+            return [0] * lay.world
+        per_stage = [moe.expert_params_per_rank(m, self.ep, self.etp, m.moe_layers_in_stage(lay.pp, s))
+                     for s in range(lay.pp)]
+        return [per_stage[lay.coords(r)[3]] for r in range(lay.world)]
+
+    def _optimizer_shards(self) -> list[int]:
+        """Parameters of the optimizer shard on each GPU: the dense part over DP × CP, the experts over
+        the expert-data-parallel ranks (the distributed optimizer); everything without it."""
+        if not self.distributed_optimizer:
+            return self.params_per_gpu()
+        shard = self.layout.dp * self.layout.cp
+        return [math.ceil((p - e) / shard) + math.ceil(e / self.expert_dp)
+                for p, e in zip(self.params_per_gpu(), self.expert_params_per_gpu(), strict=True)]
 
     def state_bytes_per_gpu(self) -> dict[str, list[int]]:
         """Bytes per tag on each actor GPU when awake and idle: params, grads, optimizer."""
-        shard = self.layout.dp * self.layout.cp if self.distributed_optimizer else 1
         params = self.params_per_gpu()
         copies = 2 if self.reference else 1
         return {
             "params": [p * PARAM_BYTES * copies for p in params],
             "grads": [p * grad_bytes(self.hw) for p in params],
-            "optimizer": [math.ceil(p / shard) * OPTIMIZER_BYTES for p in params],
+            "optimizer": [p * OPTIMIZER_BYTES for p in self._optimizer_shards()],
         }
 
     def memory_plan(self, microbatch_tokens: int, lengths: Sequence[int] | None = None) -> dict[str, int]:
@@ -98,9 +127,8 @@ class ActorCostModel:
 
     def optimizer_transient_per_gpu(self) -> list[int]:
         """Bytes the optimizer step allocates on each actor GPU on top of the state (its shard's)."""
-        shard = self.layout.dp * self.layout.cp if self.distributed_optimizer else 1
         per = optimizer_transient_bytes(self.hw)
-        return [math.ceil(p / shard) * per for p in self.params_per_gpu()]
+        return [p * per for p in self._optimizer_shards()]
 
     def activation_bytes(self, tokens: int, lengths: Sequence[int] | None = None) -> int:
         """Activation bytes one micro-batch of `tokens` tokens keeps on one rank (in-flight micro-batches
@@ -109,7 +137,8 @@ class ActorCostModel:
         lay = self.layout
         per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
                                                           sequence_parallel=self.sequence_parallel,
-                                                          **software_terms(self.hw))
+                                                          **software_terms(self.hw), etp=self.etp,
+                                                          imbalance=self.imbalance)
         seqs = [tokens] if lengths is None else lengths
         extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
                  + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
@@ -118,6 +147,8 @@ class ActorCostModel:
     def checkpoint_bytes(self) -> int:
         """Bytes of one checkpoint: the bf16 model once plus the Adam state once (not per replica)."""
         lay = self.layout
+        if self.model.is_moe:  # experts and dense parts are replicated over different groups: count once
+            return self.model.num_params() * (PARAM_BYTES + OPTIMIZER_BYTES)
         state = self.state_bytes_per_gpu()
         replicas = lay.dp * lay.cp
         opt_copies = 1 if self.distributed_optimizer else replicas
@@ -159,7 +190,30 @@ class ActorCostModel:
         act = tokens * self.model.hidden_size * self.model.dtype_bytes
         comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
             act, lay.tp, inter_node=lay.tp_crosses_nodes)
+        if self.model.is_moe:
+            e_fwd, a2a = self._moe_seconds(lengths)
+            fwd += e_fwd + a2a
+            bwd += self.hw.efficiency.train_backward_factor * e_fwd + a2a
         return fwd + comm, bwd + 2.0 * comm
+
+    def _moe_seconds(self, lengths: Sequence[int]) -> tuple[float, float]:
+        """(extra expert compute, dispatch + combine) of one micro-batch's forward on a MoE model.
+
+        `compute_seconds` already counts the experts' FLOPs at the dense rate, spread evenly; the
+        busiest EP rank gets `imbalance` × the mean tokens and its grouped GEMMs run at
+        GROUPED_GEMM_EFFICIENCY of a dense GEMM, which adds expert time × (imbalance / efficiency − 1).
+        Each MoE layer sends every token's k copies out and back (sequence-parallel shards of
+        tokens / (TP · CP) per rank) over the EP group, which crosses nodes when ETP × EP does;
+        the backward repeats the two all-to-alls."""
+        lay, m = self.layout, self.model
+        tokens = sum(lengths)
+        ranks = lay.tp * lay.pp * lay.cp
+        expert = moe.expert_flops_per_token(m) * tokens / (ranks * self.hw.train_flops)
+        extra = expert * (self.imbalance / moe.GROUPED_GEMM_EFFICIENCY - 1.0)
+        per_rank_tokens = tokens / (lay.tp * lay.cp)
+        a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=len(m.moe_layers),
+                                           inter_node=self.ep * self.etp > lay.gpus_per_node)
+        return extra, a2a * self.imbalance
 
     def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
         fwd, bwd = self._compute_and_comm(lengths)
@@ -177,15 +231,31 @@ class ActorCostModel:
         net = lay.dp_crosses_nodes
         # Megatron's DDP reduces the grads in buckets of max(40M, 1M·DP) parameters, one call each.
         buckets = max(1, math.ceil(params / max(40_000_000, 1_000_000 * lay.dp * lay.cp)))
-        if self.distributed_optimizer:
+        experts = max(self.expert_params_per_gpu())
+        if experts:  # the experts reduce over their own data-parallel group, after the dense part
+            reduce, gather = self._grad_sync_seconds(experts, self.expert_dp,
+                                                     lay.world // lay.pp > lay.gpus_per_node)
+            dense_reduce, dense_gather = self._grad_sync_seconds(params - experts, lay.dp * lay.cp, net)
+            reduce, gather = reduce + dense_reduce, gather + dense_gather
+        elif self.distributed_optimizer:
             reduce = self.hw.allgather_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets)  # reduce-scatter
             gather = self.hw.allgather_seconds(params * PARAM_BYTES, lay.dp * lay.cp, inter_node=net, calls=buckets)
         else:
             reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets), 0.0
-        step = math.ceil(params / shard) * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
+        shard_params = max(self._optimizer_shards()) if experts else math.ceil(params / shard)
+        step = shard_params * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
         host = self.hw.efficiency.train_host_step_s
         step = max(step, host) if self.hw.host_overlaps_compute else step + host
         return reduce + step + gather
+
+    def _grad_sync_seconds(self, params: int, group: int, inter_node: bool) -> tuple[float, float]:
+        """(grad reduce, param gather) of `params` parameters over a data-parallel `group` (MoE models)."""
+        buckets = max(1, math.ceil(params / max(40_000_000, 1_000_000 * group)))
+        grads = params * grad_bytes(self.hw)
+        if self.distributed_optimizer:
+            return (self.hw.allgather_seconds(grads, group, inter_node=inter_node, calls=buckets),
+                    self.hw.allgather_seconds(params * PARAM_BYTES, group, inter_node=inter_node, calls=buckets))
+        return self.hw.allreduce_seconds(grads, group, inter_node=inter_node, calls=buckets), 0.0
 
     def _backup_seconds(self) -> float:
         """The weight backup (seed step 41): the largest rank's params device → host."""
@@ -194,7 +264,12 @@ class ActorCostModel:
     def _bucket_seconds(self, nbytes: int) -> float:
         """Staging one weight bucket: each rank's shard host → device, then the TP all-gather of full tensors."""
         lay = self.layout
-        return nbytes / (lay.tp * lay.pp) / self.hw.h2d_bytes_per_s + self.hw.allgather_seconds(nbytes / lay.pp, lay.tp)
+        seconds = nbytes / (lay.tp * lay.pp) / self.hw.h2d_bytes_per_s + self.hw.allgather_seconds(nbytes / lay.pp, lay.tp)
+        if self.model.is_moe and self.ep > 1:  # the experts' share is gathered over the EP group too
+            share = moe.expert_params_per_rank(self.model) / self.model.num_params()
+            seconds += self.hw.allgather_seconds(nbytes * share / lay.pp, self.ep,
+                                                 inter_node=self.ep * self.etp > lay.gpus_per_node)
+        return seconds
 
     def _checkpoint_seconds(self) -> float:
         return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * self.nodes)
