@@ -27,7 +27,8 @@ from conformance import engine as conformance
 from vime.errors import EngineError, LifecycleError
 from vime.protocols import GenerateRequest, WeightBucket
 from vime.real.vllm.client import VLLMEngine
-from vime.real.vllm.launcher import Launcher, ManagedProcess, ServerSpec, detect_vllm, engine_specs
+from vime.real.vllm.launcher import Launcher, ServerSpec, detect_vllm, engine_specs
+from vime.real.vllm.processes import ManagedProcess
 from vime.real.vllm.router import RouterSpec, VLLMRouterClient, start_router
 from vime.testing.tiny_model import TinyModelSpec, build_tiny_qwen3
 

@@ -21,7 +21,8 @@ from typing import Any
 from vime.errors import EngineError, VimeError
 from vime.real.cluster import ReservedPlacement
 from vime.real.vllm.host import CommandFn, EngineHost
-from vime.real.vllm.launcher import GUARD_GRACE_S, ServerSpec
+from vime.real.vllm.launcher import ServerSpec
+from vime.real.vllm.processes import GUARD_GRACE_S
 
 #: Threads of an EngineHost actor: stop and log_tail must not queue behind a long wait_healthy.
 HOST_CONCURRENCY = 4

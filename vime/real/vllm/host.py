@@ -21,13 +21,13 @@ from typing import Any
 from vime.errors import EngineError
 from vime.real.ports import free_port
 from vime.real.vllm.launcher import (
-    GuardedProcess,
     ServerSpec,
     detect_vllm,
     is_loopback,
     server_command,
     server_env,
 )
+from vime.real.vllm.processes import GuardedProcess
 
 #: How an engine's argv is made from its final spec; tests pass a stand-in server's.
 CommandFn = Callable[..., list[str]]

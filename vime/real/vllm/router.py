@@ -28,7 +28,8 @@ from vime.real.vllm.client import (
     stamp_client_version,
 )
 from vime.real.vllm.http import EngineHTTP
-from vime.real.vllm.launcher import Launcher, ManagedProcess
+from vime.real.vllm.launcher import Launcher
+from vime.real.vllm.processes import ManagedProcess
 
 #: Policies of vllm-router 0.1.17 (`vllm-router --help`); vime's config offers a subset.
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two",
