@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vime.checkpoint import checkpoint_path, read_rollout_state, resolve_checkpoint, write_rollout_state
+from vime.checkpoint_io import EvalAndCheckpoints
 from vime.errors import ConfigError, EngineError
 from vime.protocols import (
     TAG_CUDA_GRAPH,
@@ -178,7 +178,7 @@ class RunReport:
 # --------------------------------------------------------------------------------------------
 
 
-class Orchestrator:
+class Orchestrator(EvalAndCheckpoints):
     """Drives start-up and the RL loop over the given backends (the seed's train.py + RolloutManager).
 
     `engines` receive control calls (sleep, wake, pause, weights) one by one; `router` receives
@@ -429,45 +429,6 @@ class Orchestrator:
             return bool(await engine.health())
         except EngineError:
             return False
-
-    # --- eval and checkpoints -------------------------------------------------------------------------
-    async def evaluate(self, rollout_id: int) -> dict[str, float]:
-        """Generate on every evaluation set (no filter, no training) with the eval sampling params;
-        metrics per set: ``NAME/reward``, ``NAME/response_len``, ``NAME/samples``."""
-        sampling = {k: v for k, v in (("max_new_tokens", self.train_cfg.eval_max_response_len),
-                                      ("temperature", self.train_cfg.eval_temperature),
-                                      ("top_p", self.train_cfg.eval_top_p),
-                                      ("top_k", self.train_cfg.eval_top_k)) if v is not None}
-        out: dict[str, float] = {}
-        for name, eval_set in self.eval_sources.items():
-            result = await self.rollout.generate_rollout(rollout_id, eval_set.source, evaluation=True,
-                                                         target_groups=eval_set.groups, sampling=sampling)
-            samples = result.samples
-            rewards = [float(s.reward) for s in samples if isinstance(s.reward, (int, float))]
-            out[f"{name}/reward"] = sum(rewards) / len(rewards) if rewards else 0.0
-            out[f"{name}/response_len"] = sum(s.response_length for s in samples) / len(samples) if samples else 0.0
-            out[f"{name}/samples"] = float(len(samples))
-        return out
-
-    async def save(self, rollout_id: int) -> None:
-        """Checkpoint through the trainer, plus the rollout state (data-source position, weight version)."""
-        path = checkpoint_path(self.train_cfg.save, rollout_id)
-        await self.trainer.save_checkpoint(rollout_id, path)
-        write_rollout_state(self.train_cfg.save, path, {"rollout_id": rollout_id, "weight_version": self.weight_version,
-                                                   "data_source": self.data_source.state_dict()})
-
-    async def _load_checkpoint(self, report: StartupReport) -> None:
-        if not self.train_cfg.load:
-            return
-        path = resolve_checkpoint(self.train_cfg.load)
-        next_id = int(await self.trainer.load_checkpoint(path))
-        state = read_rollout_state(path)
-        if state is not None:
-            self.data_source.load_state_dict(state["data_source"])
-            # the version the saved rollout was trained from; start-up publishes the next one (seed step 8)
-            self.weight_version = self.initial_weight_version = int(state["weight_version"])
-            next_id = max(next_id, int(state["rollout_id"]) + 1)
-        report.start_rollout_id = max(next_id, self.train_cfg.start_rollout_id)
 
     # --- the report ---------------------------------------------------------------------------------
     def _fill(self, report: StepReport, times: dict[str, float], out: RolloutOutput, batch: TrainBatch,
