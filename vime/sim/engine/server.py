@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from vime.errors import ConfigError, EngineError, SimulationError
+from vime.errors import ConfigError, EngineError
 from vime.protocols import (
     EngineLifecycle,
     EngineMemory,
@@ -46,6 +46,7 @@ from vime.protocols import (
 from vime.sim import clock
 from vime.sim.engine.core import EngineCore, pause_for
 from vime.sim.engine.costs import IterationModel, bucket_seconds
+from vime.sim.engine.faults import EngineFaults
 from vime.sim.engine.kv import map_engine_memory, plan_kv_cache, release_memory, remap_memory, tags_to_wake
 from vime.sim.engine.scheduler import EngineStats, Request, Scheduler
 from vime.sim.lengths import LengthDraw, LengthSampler, key_seed
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from vime.sim.models import ModelSpec
 
 
-class SimEngine:
+class SimEngine(EngineFaults):
     """A simulated vLLM server implementing `vime.protocols.RolloutEngine` on the simpy environment `env`.
 
     Its memory (weights, kv_cache, cuda_graph and runtime tags, the CUDA context) lives in `allocator`
@@ -326,45 +327,6 @@ class SimEngine:
         """GET /health: one HTTP round trip (the orchestrator's check between rollout and offload, in T_gap)."""
         await pause_for(self.env, self.settings.http_rtt_s)
         return self._failed is None
-
-    # --- faults -------------------------------------------------------------------------------
-    def inject_failure(self, at: float, detail: str = "injected failure") -> None:
-        """Make the server die at virtual time `at`: in-flight and later calls raise EngineError(retryable=True)."""
-        if at < self.env.now:
-            raise SimulationError(f"engine {self.name}: failure time {at} is in the past (now {self.env.now})")
-
-        def crash():  # simpy process
-            yield self.env.timeout(at - self.env.now)
-            self.fail_now(detail)
-
-        self.env.process(crash())
-
-    def fail_now(self, detail: str = "injected failure") -> None:
-        """The server process dies now: every waiting caller gets EngineError(retryable=True)."""
-        if self._failed is not None:
-            return
-        self._failed = detail
-        self._log("fail", detail)
-        self._core.stop(EngineError(self.name, "generate", f"engine died: {detail}", status=503, retryable=True))
-        self._new_process()
-        self._core.refuse = EngineError(self.name, "control", f"engine died: {detail}", status=503, retryable=True)
-
-    async def restart(self) -> None:
-        """Bring a failed server back (after `restart_s`): awake, empty, no weight version, paused by nothing."""
-        if self._failed is None:
-            raise EngineError(self.name, "restart", "engine is healthy; restart only a failed engine")
-        await pause_for(self.env, self.settings.restart_s)
-        self._failed = None
-        lc = self.lifecycle
-        lc.memory, lc.sleep_level, lc.paused, lc.updating, lc.weight_version = \
-            EngineMemory.AWAKE, 0, None, False, None
-        # The dead process's memory stays accounted; the new one maps all of it again.
-        if self.allocator.lifecycle.asleep_tags():
-            await self.allocator.wake_up(None)
-        self._updated_once = False  # a new process: its weight-transfer setup comes again
-        self._new_process()
-        self._core.start()
-        self._log("restart")
 
 
 def resumed_tokens(request_id: str | None) -> int:
