@@ -140,3 +140,22 @@ def test_search_refuses_a_ray_address_it_would_not_use() -> None:
 def test_search_refuses_an_offload_plan_that_would_choose_the_memory_fraction_itself() -> None:
     with pytest.raises(ConfigError, match="--train-offload-plan auto chooses --gpu-memory-utilization"):
         parse_args(["--search", "fastest", "--train-offload-plan", "auto"], command="simulate")
+
+
+def test_a_disaggregated_search_chooses_the_async_mode_and_agrees_with_the_exhaustive_run() -> None:
+    """Issue 22: with --no-colocate the search tries sync, one-step-off and fully-async; an async point's bound is
+    its train roofline alone (rollout and train overlap), so the pruned winner is still the exhaustive one."""
+    base = parse_args([*SMALL, "--no-colocate", "--rollout-num-gpus", "2", "--num-rollout", "4"], command="simulate")
+    axes = search_mod.search_axes(base, (Axis("gpus", (1, 2, 4)), Axis("micro_batch_size", (8, 1))))
+    assert axes[-1] == search_mod.ASYNC_AXIS
+    points = grid(4, axes)
+    assert {p["async_mode"] for p in points} == {"sync", "one-step-off", "fully-async"}
+    _, ranked, _ = run_search(base, points=points, workers=1, exhaustive=True)
+    fitting = [r for r in ranked if r.valid and r.fits]
+    assert {r.changes["async_mode"] for r in fitting} == {"sync", "one-step-off", "fully-async"}
+    want = min(fitting, key=lambda r: (r.t_step, search_mod._tie(r.changes)))
+    best, _, stats = run_search(base, points=points, workers=1)
+    assert best is not None and best.changes == want.changes and best.t_step == want.t_step
+    assert best.changes["async_mode"] != "sync"  # overlapping rollout and training wins on split GPUs
+    # a colocated run, or a mode given on the command line, keeps its mode
+    assert search_mod.ASYNC_AXIS not in search_mod.search_axes(parse_args(SMALL, command="simulate"))

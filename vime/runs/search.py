@@ -56,6 +56,9 @@ PLANNING_AXES: tuple[Axis, ...] = (*AXES[:2], Axis("pipeline_model_parallel_size
 #: pruned as invalid by the configuration check. The real trainer runs EP 1 only: a winner with EP > 1 is
 #: a plan for the simulator's backend, and the command line says so.
 EXPERT_AXIS = Axis("expert_model_parallel_size", (1, 2, 4, 8, 16, 32, 64), "trainer")
+#: Searched when the trainer and the engines have GPUs of their own (--no-colocate) and no mode was chosen:
+#: which of the seed's synchronous step and the two asynchronous modes is best (issue 22).
+ASYNC_AXIS = Axis("async_mode", ("sync", "one-step-off", "fully-async"), "both")
 #: Pruning rules, in the order they are tried.
 RULES = ("invalid", "memory", "target", "bound", "bound-after-one-step")
 #: The phases only the engines' options change, and the one only the trainer's options change.
@@ -76,8 +79,13 @@ def expert_count(base: Any) -> int:
 
 
 def search_axes(base: Any, axes: Sequence[Axis] = AXES) -> tuple[Axis, ...]:
-    """`axes`, with the expert-parallel size for a MoE model."""
-    return (*axes, EXPERT_AXIS) if expert_count(base) and EXPERT_AXIS not in axes else tuple(axes)
+    """`axes`, with the expert-parallel size for a MoE model and the async mode for a disaggregated run."""
+    out = tuple(axes)
+    if expert_count(base) and EXPERT_AXIS not in out:
+        out = (*out, EXPERT_AXIS)
+    if not base.colocate and base.async_mode == "sync" and ASYNC_AXIS not in out:
+        out = (*out, ASYNC_AXIS)
+    return out
 
 
 def changes_of(point: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +203,7 @@ class _Open:
     trainer_lb: float = field(compare=False, default=0.0)  # train roofline, mean over steps
     step_lbs: list[float] = field(compare=False, default_factory=list)
     after_one_step: float = field(compare=False, default=0.0)  # the bound its step 0 gave
+    overlap: bool = field(compare=False, default=False)  # an async mode: rollout and train overlap
 
 
 def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_step_time: float | None = None,
@@ -276,14 +285,18 @@ def _screen(base: Any, goal: str, pts: Sequence[dict[str, Any]], target: float |
         if rule:
             stats.prune(changes, rule, reason)
             continue
-        lbs = [a + b for a, b in zip(e_lbs, t_lbs, strict=True)]
+        # an async step overlaps rollout and train (and fully-async pipelines rollouts across versions):
+        # only the trainer's roofline bounds it
+        overlap = args.async_mode != "sync"
+        lbs = list(t_lbs) if overlap else [a + b for a, b in zip(e_lbs, t_lbs, strict=True)]
         t_lb = sum(lbs) / len(lbs) if lbs else 0.0
         if target is not None and t_lb > target * (1 + _TOL):
             stats.prune(changes, "target", f"T_step ≥ {t_lb:.3f} s > --target-step-time {target:g}")
             continue
         gpus, samples = _gpus(args), int(args.samples_per_rollout)
-        opened.append(_Open(bound_key(goal, gpus, samples, t_lb), _tie(changes), dict(changes), one_step and len(lbs) > 1,
-                            gpus, samples, ek, tk, _mean(e_lbs), _mean(t_lbs), lbs))
+        opened.append(_Open(bound_key(goal, gpus, samples, t_lb), _tie(changes), dict(changes),
+                            one_step and len(lbs) > 1 and not overlap,
+                            gpus, samples, ek, tk, _mean(e_lbs), _mean(t_lbs), lbs, overlap=overlap))
     return opened
 
 
@@ -356,6 +369,8 @@ class _Search:
         return ranked
 
     def _t_bound(self, item: _Open) -> float:
+        if item.overlap:  # measured sync phases bound nothing here; the train roofline does
+            return item.trainer_lb
         t = (max(item.engine_lb, self.engine_seen.get(item.engine_key, 0.0))
              + max(item.trainer_lb, self.trainer_seen.get(item.trainer_key, 0.0)))
         return max(t, item.after_one_step)
@@ -418,7 +433,7 @@ class _Search:
                 return
         else:
             self.stats.full += 1
-            if fits:
+            if fits and not item.overlap:  # an async point's phases are waits, not bounds for other points
                 self.engine_seen.setdefault(item.engine_key, sum(r.phases.get(p, 0.0) for p in ENGINE_PHASES))
                 self.trainer_seen.setdefault(item.trainer_key, sum(r.phases.get(p, 0.0) for p in TRAINER_PHASES))
             meets = fits and (self.target is None or r.t_step <= self.target)
