@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from vime.engine_delegate import DelegatingEngine
 from vime.errors import EngineError
 from vime.faults import FaultLog
 from vime.protocols import TAG_WEIGHTS, GenerateRequest, GenerateResult, WeightBucket
@@ -31,7 +32,7 @@ Where = Callable[[], tuple[int | None, str | None]]
 Hook = Callable[[Any, str, tuple[Any, ...]], Awaitable[None]]
 
 
-class SupervisedEngine:
+class SupervisedEngine(DelegatingEngine):
     """A `RolloutEngine` that restarts its server when a control call finds it dead (see the module docstring)."""
 
     def __init__(self, engine: Any, log: FaultLog, *, now: Callable[[], float], where: Where,
@@ -50,25 +51,7 @@ class SupervisedEngine:
     def lifecycle(self) -> Any:
         return self.inner.lifecycle
 
-    def __getattr__(self, name: str) -> Any:  # backend extras (inject_failure, stats, ...)
-        return getattr(self.inner, name)
-
-    # --- pass-through --------------------------------------------------------------------------
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.inner.generate(request)
-
-    async def health(self) -> bool:
-        return bool(await self.inner.health())
-
-    async def is_sleeping(self) -> bool:
-        return bool(await self.inner.is_sleeping())
-
-    async def is_paused(self) -> bool:
-        return bool(await self.inner.is_paused())
-
-    async def weight_version(self) -> str | None:
-        return await self.inner.weight_version()  # type: ignore[no-any-return]
-
+    # generate, health, is_sleeping, is_paused, weight_version and backend extras: DelegatingEngine's
     async def restart(self) -> None:
         """The orchestrator's restart of an engine found dead after a rollout; the next publication gives it weights."""
         t0 = self._now()
