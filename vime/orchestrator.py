@@ -111,6 +111,7 @@ class StepReport:
     flushed_cache: bool = False
     sleep_level: int | None = None
     buckets: int = 0
+    weight_sync_parts: dict[str, float] = field(default_factory=dict)  # PublishReport.parts()
     num_samples: int = 0
     num_microbatches: list[int] = field(default_factory=list)
     reward_mean: float = 0.0
@@ -134,6 +135,8 @@ class StepReport:
         m["perf/save_model_time"] = self.t_save
         m["perf/eval_time"] = self.t_eval
         m["perf/gap_time"] = self.t_gap
+        for part, t in self.weight_sync_parts.items():
+            m[f"perf/update_weights_{part}_time"] = t
         m["perf/step_time"] = self.t_step
         r = self.rollout
         if self.t_rollout > 0:
@@ -215,6 +218,7 @@ class Orchestrator(EvalAndCheckpoints):
         self.lost_engines: list[str] = []
         self._last_flush = False
         self._last_buckets = 0
+        self._last_publish_parts: dict[str, float] = {}
 
     # --- clock and observers ----------------------------------------------------------------------
     @staticmethod
@@ -372,6 +376,7 @@ class Orchestrator(EvalAndCheckpoints):
         self.weight_version = version
         self._last_flush = flush
         self._last_buckets = published.buckets
+        self._last_publish_parts = published.parts()
 
     def training_ready(self) -> None:
         """Seed step 9: resume admission a recovery paused; with no recovery (this loop has none) it only marks the step."""
@@ -446,6 +451,7 @@ class Orchestrator(EvalAndCheckpoints):
         report.published_version = self.weight_version
         report.flushed_cache = self._last_flush
         report.buckets = self._last_buckets
+        report.weight_sync_parts = dict(self._last_publish_parts)
         report.num_samples = len(samples)
         report.num_microbatches = list(batch.num_microbatches)
         report.reward_mean = sum(batch.raw_rewards) / len(batch.raw_rewards) if batch.raw_rewards else 0.0

@@ -46,6 +46,15 @@ class PublishReport:
     pause_mode: str
     buckets: int
     bytes_per_engine: int
+    # where the publication's time went, in the loop's seconds: the control calls (pause, flush, open,
+    # close, resume), the trainer producing buckets (gather, convert, stage) and the engines loading them
+    t_control: float = 0.0
+    t_export: float = 0.0
+    t_load: float = 0.0
+
+    def parts(self) -> dict[str, float]:
+        """The publication's time split: control calls, the trainer's export, the engines' loads."""
+        return {"control": self.t_control, "export": self.t_export, "load": self.t_load}
 
 
 async def publish_weights(trainer: Trainer, engines: Sequence[RolloutEngine], version: int, *,
@@ -57,6 +66,8 @@ async def publish_weights(trainer: Trainer, engines: Sequence[RolloutEngine], ve
     all engines at once, so at most one bucket of staging memory is held on the trainer side.
     """
     mode = pause_mode_for_update(flush_cache)
+    now = asyncio.get_running_loop().time
+    t_begin = now()
     # seed step 46
     await asyncio.gather(*(e.pause(mode) for e in engines))
     if flush_cache:
@@ -65,12 +76,18 @@ async def publish_weights(trainer: Trainer, engines: Sequence[RolloutEngine], ve
     await asyncio.gather(*(e.start_weight_update() for e in engines))
     # seed steps 48–50
     buckets = nbytes = 0
+    t_export = t_load = 0.0
     export = trainer.export_weights(bucket_bytes)
     try:
+        t0 = now()
         async for bucket in export:
+            t1 = now()
             await asyncio.gather(*(e.update_weights(bucket) for e in engines))
+            t_export, t_load = t_export + (t1 - t0), t_load + (now() - t1)
             buckets += 1
             nbytes += bucket.nbytes
+            t0 = now()
+        t_export += now() - t0  # the export's last step: finding it has no more buckets
     finally:
         # Close the export at once, also when an engine failed mid-way: a CUDA-IPC export holds
         # its staging buffer until then, and the garbage collector's finaliser runs too late.
@@ -81,4 +98,5 @@ async def publish_weights(trainer: Trainer, engines: Sequence[RolloutEngine], ve
     await asyncio.gather(*(e.finish_weight_update(version) for e in engines))
     # seed step 52
     await asyncio.gather(*(e.resume() for e in engines))
-    return PublishReport(version, flush_cache, mode, buckets, nbytes)
+    t_control = now() - t_begin - t_export - t_load
+    return PublishReport(version, flush_cache, mode, buckets, nbytes, t_control, t_export, t_load)

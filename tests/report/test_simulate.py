@@ -259,3 +259,13 @@ def test_recompute_granularity_reaches_the_trainer_cost_model():
     kept = ActorCostModel(args.cluster, args.parallel, m, hw, 8).activation_bytes(8 * 2048, [2048] * 8)
     dense = ActorCostModel(args.cluster, args.parallel, m, hw, 8, recompute="none").activation_bytes(8 * 2048, [2048] * 8)
     assert kept < dense / 4
+
+
+def test_weight_sync_parts_add_up_to_the_phase(default_sim):
+    """The publication's split (control calls, the trainer's export, the engines' loads) covers the whole phase."""
+    for step in default_sim.steps:
+        parts = step.weight_sync_parts
+        assert set(parts) == {"control", "export", "load"} and all(t > 0 for t in parts.values())
+        assert sum(parts.values()) == pytest.approx(step.t_weight_sync, rel=1e-9)
+        m = step.metrics()
+        assert m["perf/update_weights_export_time"] == parts["export"]
