@@ -19,6 +19,7 @@
 #   OFFLOAD     cumem (default) | torch_memory_saver: --train-offload-backend
 #   MBS         --micro-batch-size (default 4 for qwen3-4b, else 8: 8 x 1152 tokens of the 4B model do not
 #               fit beside its state, the simulator says so)
+#   RESPONSE_LEN (default 1024): the response cap, which every response reaches (no EOS)
 #   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
 #   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
 # Output ($OUT): $TAG.txt (compare's table and the run's last log lines) and $TAG.tgz with train.jsonl (the
@@ -60,7 +61,7 @@ run_args() {
     --tensor-model-parallel-size "$TP" --pipeline-model-parallel-size 1 --context-parallel-size 1
     --rollout-num-gpus "$GPUS" --rollout-num-gpus-per-engine "$TP"
     --rollout-batch-size 32 --n-samples-per-prompt 8
-    --rollout-max-prompt-len 512 --rollout-max-response-len 1024 --rollout-max-context-len 4096
+    --rollout-max-prompt-len 512 --rollout-max-response-len "${RESPONSE_LEN:-1024}" --rollout-max-context-len 4096
     --advantage-estimator grpo --num-rollout "$NUM_ROLLOUT" --micro-batch-size "$MBS" --seed 1
     --update-weight-mode tensor --train-offload-backend "$OFFLOAD"
     --hf-checkpoint "$1" --prompt-data "$2"
@@ -68,7 +69,7 @@ run_args() {
   # simulator inputs: `vime train --backend real` refuses them (they would act only with --compare-sim)
   SIM_ONLY=(
     --model "$1/config.json" --hardware "$REPO/bench/data/H200-141G-measured.json"
-    --response-length fixed:1024
+    --response-length "fixed:${RESPONSE_LEN:-1024}"
   )
   ARGS=("${COMMON[@]}" "${SIM_ONLY[@]}" --json)  # what `vime simulate` gets
   TRAIN_ARGS=("${COMMON[@]}" --json)
