@@ -19,8 +19,14 @@ RAW = DATA / "h200_train_e2e"
 PHASES = ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")
 NON_COMPUTE = ("offload", "onload_weights", "weight_sync", "onload_kv")
 
-#: run directory -> (predictions file, key in it); the main run (the issue's run 1) first
+#: run directory -> (predictions file, key in it); the main run (the issue's run 1) first. The 2026-12-02
+#: runs are the rerun after the DDP parameter-buffer fix (the trainer learns); the others are the first lease's.
 RUNS = {
+    "qwen3-4b-cumem-1g_mbs2_2026-12-02": ("h200_train_e2e/predicted_2026-12-02_4b_mbs2.json", "qwen3-4b-cumem-1g"),
+    "qwen3-0.6b-cumem-1g_2026-12-02": ("h200_train_e2e/predicted_2026-12-02.json", "qwen3-0.6b-cumem-1g"),
+    "qwen3-0.6b-tms-1g_2026-12-02": ("h200_train_e2e/predicted_2026-12-02.json", "qwen3-0.6b-torch_memory_saver-1g"),
+    "qwen3-0.6b-cumem-1g_b64_r512_2026-12-02": ("h200_train_e2e/predicted_2026-12-02_0.6b_b64_r512.json",
+                                                "qwen3-0.6b-cumem-1g"),
     "qwen3-4b-cumem-1g_mbs2": ("h200_train_e2e_predicted_mbs2.json", "qwen3-4b-cumem-1g"),
     "qwen3-4b-cumem-1g_mbs4-oom": ("h200_train_e2e_predicted.json", "qwen3-4b-cumem-1g"),
     "qwen3-0.6b-torch_memory_saver-1g": ("h200_train_e2e_predicted.json", "qwen3-0.6b-torch_memory_saver-1g"),
@@ -39,7 +45,8 @@ def _compare_module():
 def _strip(doc: dict) -> dict:
     out = dict(doc)
     out.pop("wall_s", None)
-    out.get("config", {}).pop("model", None)  # the model's path: a temporary directory here, /tmp there
+    out["config"] = {k: v for k, v in out.get("config", {}).items() if k not in ("model", "prompt_data")}
+    # the model's and the prompts' paths: a temporary directory here, /tmp there
     return out
 
 
@@ -79,7 +86,7 @@ def summarize_run(name: str) -> dict:
 
 def main() -> int:
     runs = {name: summarize_run(name) for name in RUNS}
-    main_run = runs["qwen3-4b-cumem-1g_mbs2"]
+    main_run = runs["qwen3-4b-cumem-1g_mbs2_2026-12-02"]
     out = {
         "schema": "vime.h200_train_e2e/1",
         "what": "vime train --backend real on one H200 (issue 20): colocated, trainer TP 1, one vLLM 0.25.1 engine, "
@@ -87,7 +94,11 @@ def main() -> int:
                 "H200-141G-measured, predicted and committed before each run",
         "error_definition": "error_pct = 100 * (predicted - measured) / measured, mean over steps with rollout_id >= 1",
         "notes": [
-            "All four runs trained with zero gradients (train/grad_norm 0.0, entropy = ln 151936 exactly): the "
+            "2026-12-02 (second lease, after the DDP parameter-buffer fix): every run learns (4B grad_norm 1.37, "
+            "entropy 11.42 < ln 151936 = 11.93; 0.6B grad_norm 0.32). Predictions committed before the runs "
+            "(46eedaa), except the b64_r512 run's: run.sh gave `vime simulate` fixed:1024 above its 512 cap, so "
+            "its prediction was made here after the run with the same, unchanged code (RESPONSE_LEN knob now).",
+            "The 2026-10-28 runs (first lease) all trained with zero gradients (train/grad_norm 0.0, entropy = ln 151936 exactly): the "
             "trainer's forward produced constant logits, so the policy never moved; see h200_notes.md. Train-phase "
             "times therefore rest on a zero-valued forward (GEMMs on zeros ran 13 % faster on this GPU).",
             "The 4B run at micro-batch 4 ran out of memory in its first train step (138 GiB in the trainer); the "
