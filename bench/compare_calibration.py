@@ -325,8 +325,9 @@ def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[di
         "PyTorch's caching host allocator keeps the pinned blocks (only the first sleep pins) and rounds "
         "each up to a power of two (ModelSpec.vllm_pinned_scale)", pred_range=pinning(first_sleep))
     row(sw, "sleep level 1, later", per_run(lambda ph: cycles(ph, "sleep_l1", "sleep_s", False)), l1_sleep)
-    wake_w = _resume(hw, wbytes, wbytes) + settings.wake_call_s + settings.wake_per_tensor_s * tensors
-    wake_kv = _resume(hw, 0, kv) + settings.wake_call_s
+    wake_w = (_resume(hw, wbytes, wbytes) + settings.wake_call_s + settings.wake_per_gib_s * wbytes / GIB
+              + settings.wake_per_tensor_s * tensors)
+    wake_kv = _resume(hw, 0, kv) + settings.wake_call_s + settings.wake_per_gib_s * kv / GIB
     row(sw, "wake weights (L1)", per_run(lambda ph: _median([r["wake_weights_s"] for r in ph["sleep_l1"]])), wake_w)
     row(sw, "wake kv_cache (L1)", per_run(lambda ph: _median([r["wake_kv_s"] for r in ph["sleep_l1"]])), wake_kv)
     released = _median([r["free_asleep"] - r["free_awake"] for v in runs for r in v["phases"].get("sleep_l2_ipc", [])])

@@ -86,7 +86,10 @@ def compute(rows: list[dict], files: str) -> dict[str, dict]:
 
 #: Whole-step runs (bench/data/h200_train_e2e/) and the model preset each ran; the OOM run has no step.
 E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memory_saver-1g": "Qwen3-0.6B",
-            "qwen3-4b-cumem-1g_mbs2": "Qwen3-4B"}
+            "qwen3-4b-cumem-1g_mbs2": "Qwen3-4B",
+            # the 2026-12-02 rerun (the trainer learns; weight sync split)
+            "qwen3-4b-cumem-1g_mbs2_2026-12-02": "Qwen3-4B", "qwen3-0.6b-cumem-1g_2026-12-02": "Qwen3-0.6B",
+            "qwen3-0.6b-tms-1g_2026-12-02": "Qwen3-0.6B", "qwen3-0.6b-cumem-1g_b64_r512_2026-12-02": "Qwen3-0.6B"}
 #: `vime train` flags a simulation does not take (the real checkpoint, prompts, reward, backend), with their arity.
 _TRAIN_ONLY = {"--backend": 1, "--hf-checkpoint": 1, "--prompt-data": 1, "--custom-rm-path": 1}
 
@@ -107,6 +110,10 @@ def simulate_flags(command: str, model: str, profile: str) -> list[str]:
             continue
         out.append(flag)
         i += 1
+    if "--model" not in out:  # run.sh since 2026-12-02 keeps the simulator's inputs out of `vime train`'s command
+        caps = [argv[j + 1] for j, f in enumerate(argv) if f == "--rollout-max-response-len"]
+        out += ["--model", model, "--hardware", profile, "--prompt-length", "fixed:128",
+                "--response-length", f"fixed:{caps[-1] if caps else 1024}"]
     return out
 
 

@@ -68,7 +68,7 @@ run_args() {
   )
   # simulator inputs: `vime train --backend real` refuses them (they would act only with --compare-sim)
   SIM_ONLY=(
-    --model "$1/config.json" --hardware "$REPO/bench/data/H200-141G-measured.json"
+    --model "$1/config.json" --hardware H200-141G-measured
     --response-length "fixed:${RESPONSE_LEN:-1024}"
   )
   ARGS=("${COMMON[@]}" "${SIM_ONLY[@]}" --json)  # what `vime simulate` gets

@@ -69,8 +69,18 @@ def summarize_run(name: str) -> dict:
     learn = [{"rollout_id": s["rollout_id"], **{k: s["metrics"].get(k) for k in (
         "rollout/raw_reward", "rollout/weight_version", "train/grad_norm", "train/loss", "train/entropy",
         "train/train_time")}} for s in steps]
+    preset = json.loads((RAW / "predicted_2026-12-02_preset_46eedaa.json").read_text()).get(name)
+    on_preset = None
+    if preset is not None and steady:
+        pdoc = cmp.compare(startup, steps, preset["prediction"], mem)
+        on_preset = [{"phase": p, **{k: pdoc["mean_steady_steps"][p][k] for k in ("measured_s", "predicted_s", "error_pct")}}
+                     for p in (*PHASES, "t_step")]
+        gpu0 = pdoc["memory"]["gpus"]["0"]
+        on_preset.append({"phase": "memory_peak", "measured_mib": gpu0["peak_mib"],
+                          "predicted_mib": gpu0["predicted_peak_mib"], "error_pct": gpu0["peak_error_pct"]})
     return {
         "run": name,
+        "comparison_on_the_maintained_preset": on_preset,
         "prediction_committed_in": f"bench/data/{pred_file}",
         "prediction_reproduced_on_the_machine": _strip(sim) == _strip(predicted),
         "startup": startup,

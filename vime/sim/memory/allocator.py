@@ -229,13 +229,15 @@ class SimAllocator:
         times = []
         for i in range(len(self.gpus)):
             mapped = sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in tags)
+            shared = bool(self.gpus[i].owners() - {self.owner})  # memory another process may have freed
             copy = sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in tags
                        if self.lifecycle.state(t) is TagState.OFFLOADED)
             # A cold buffer (torch_memory_saver) is freed once copied back: cuMemFreeHost is part of
             # the resume (the profile's vmm.pinned_free_s_per_gib; H200 figure in its sources).
             free = (sum(self._sizes.get(t, [0] * len(self.gpus))[i] * self.pinned_scale.get(t, 1.0) for t in tags
                         if self.lifecycle.state(t) is TagState.OFFLOADED) if self.pinned == "cold" else 0)
-            times.append(mapped / GiB * hw.vmm.create_map_s_per_gib + copy / hw.h2d_bytes_per_s
+            create_map = hw.vmm.create_map_s_per_gib + (hw.vmm.shared_map_s_per_gib if shared else 0.0)
+            times.append(mapped / GiB * create_map + copy / hw.h2d_bytes_per_s
                          + free / GiB * hw.vmm.pinned_free_s_per_gib)
         return times
 

@@ -93,6 +93,10 @@ class _Pool:
         if self.recorder is not None:
             self.recorder.on_memory(self.index, owner, tag, held, total, self._now())
 
+    def owners(self) -> set[str]:
+        """Every owner that has held memory here (a process once on a GPU keeps its context there)."""
+        return {owner for owner, _ in self._peaks}
+
     def free(self, owner: str, tag: str, nbytes: int | None = None) -> int:
         """Release `nbytes` (all of (owner, tag) when None); returns the bytes freed.
 

@@ -287,6 +287,7 @@ class SimTrainer(ActorCostModel):
             raise ConfigError(f"--update-weight-buffer-size must be > 0, got {bucket_bytes}")
         env = self.cluster.env
         await self._call()
+        await elapse(env, self._convert_seconds())
         index = 0
         for names, shapes, nbytes in self._buckets(bucket_bytes):
             t0 = float(env.now)

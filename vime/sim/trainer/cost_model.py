@@ -271,5 +271,14 @@ class ActorCostModel:
                                                  inter_node=self.ep * self.etp > lay.gpus_per_node)
         return seconds
 
+    def _convert_seconds(self) -> float:
+        """The HF conversion at the start of an export: every rank splits its full fused QKV weights."""
+        rate = self.hw.efficiency.hf_convert_bytes_per_s
+        if rate <= 0:
+            return 0.0
+        m = self.model
+        qkv = m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * m.dtype_bytes
+        return qkv / self.layout.pp / rate
+
     def _checkpoint_seconds(self) -> float:
         return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * self.nodes)

@@ -1,0 +1,223 @@
+"""The simulator's terms fitted on the H200 whole RL steps of 2026-12-02 (issue 17), each on named data, the rest held out.
+
+    python bench/fit_whole_step.py           # print the fits and the profile/settings values they give
+    python bench/fit_whole_step.py --check   # exit 1 unless the committed values are those fits
+
+Each term is structural (one value for every model, batch and run) and fitted on the data named here:
+
+1. vLLM's wake (EngineSettings.wake_call_s, wake_per_gib_s, wake_per_tensor_s): closed form on vLLM
+   alone (bench/data/h200_vllm_0.25.1*.json, no trainer on the GPU): the level-2 wake of the weights
+   (7.5 GiB) and the KV cache's level-1 wake (76 GiB) give the call's fixed cost and the cost per GiB; the level-1 wake of the weights (copied back from the host) then the per-tensor restore.
+2. Mapping beside another process (vmm.shared_map_s_per_gib): the onload-KV phase of the Qwen3-0.6B
+   cumem run, solved on the simulator. Held out: the 4B run, the torch_memory_saver and b64 runs, every
+   onload-weights phase, the 2026-10-28 runs.
+3. The trainer's HF conversion (efficiency.hf_convert_bytes_per_s): the export part of the Qwen3-4B
+   run's weight sync, solved on the simulator. Held out: the three 0.6B runs (their QKV share is 5x smaller).
+4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
+   micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
+   Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts" / "h200_train"))
+
+DATA = ROOT / "bench" / "data"
+PROFILE = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"  # the maintained preset
+RUNS = DATA / "h200_train_e2e"
+GIB = 1 << 30
+#: vLLM 0.25.1 alone on the H200, one GPU (bench/data/h200_notes.md)
+VLLM_RUNS = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b1.json", "h200_vllm_0.25.1_b2.json")
+
+
+def wake_terms(profile: dict) -> dict[str, float]:
+    """Closed form on vLLM alone: (call, per GiB) from the two level-2 wakes, per tensor from the level-1
+    weights wake; each figure the median over the TP-1 runs of each run's median (as compare_calibration.py)."""
+    from vime.sim.models import load_model
+
+    runs = [json.loads((DATA / f).read_text()) for f in VLLM_RUNS]
+    runs = [r for r in runs if r.get("phases", {}).get("sleep_l1") and r.get("phases", {}).get("sleep_l2_ipc")]
+
+    def med(phase: str, value) -> float:
+        return statistics.median(statistics.median(value(x) for x in r["phases"][phase]) for r in runs)
+
+    weights = runs[0]["weight_bytes"] / GIB
+    kv = med("sleep_l1", lambda x: (x["free_asleep"] - x["free_awake"]) / GIB) - weights
+    t_w2 = med("sleep_l2_ipc", lambda x: x["wake_weights_s"])
+    # the KV cache's level-1 wake (compare_calibration.py's row; the level-2 one, same bytes, took 20 % longer)
+    t_kv = med("sleep_l1", lambda x: x["wake_kv_s"])
+    per_gib = (t_kv - t_w2) / (kv - weights)  # everything vLLM does per GiB mapped, the driver's map included
+    call = t_w2 - per_gib * weights
+    create_map = profile["vmm"]["create_map_s_per_gib"]
+    h2d = profile["host_link_h2d_bytes_per_s"] * profile["efficiency"].get("host_copy_util", 1.0)
+    t_w1 = med("sleep_l1", lambda x: x["wake_weights_s"])
+    tensors = len(load_model("Qwen3-4B").hf_weight_shapes())  # one allocation each in vLLM's restore loop
+    per_tensor = (t_w1 - call - per_gib * weights - weights * GIB / h2d) / tensors
+    return {"wake_call_s": round(call, 5), "wake_per_gib_s": round(per_gib - create_map, 7),
+            "wake_per_tensor_s": round(per_tensor, 7), "_kv_gib": kv, "_weights_gib": weights}
+
+
+def measured(run: str, key: str) -> float:
+    """Mean over the steps after the first of a run's metric (`perf/...`)."""
+    steps = [json.loads(line) for line in (RUNS / run / "train.jsonl").read_text().splitlines() if '"step"' in line]
+    return statistics.fmean(s["metrics"][key] for s in steps if s["rollout_id"] >= 1)
+
+
+#: run directory → (MODEL, OFFLOAD, environment for run.sh) of the 2026-12-02 lease
+RUN_SPECS = {
+    "qwen3-4b-cumem-1g_mbs2_2026-12-02": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-0.6b-cumem-1g_2026-12-02": ("qwen3-0.6b", "cumem", {}),
+    "qwen3-0.6b-tms-1g_2026-12-02": ("qwen3-0.6b", "torch_memory_saver", {}),
+    "qwen3-0.6b-cumem-1g_b64_r512_2026-12-02": ("qwen3-0.6b", "cumem",
+                                                {"MBS": "4", "RESPONSE_LEN": "512",
+                                                 "EXTRA_ARGS": "--rollout-batch-size 64"}),
+}
+
+
+def simulate(run: str, profile: dict, work: Path) -> dict:
+    """`vime simulate` of `run` (run.sh's arguments) on `profile`; returns the mean step's metrics."""
+    import predict  # scripts/h200_train/predict.py: run.sh's arguments with this machine's paths
+    import seed_model
+
+    from vime.cli import main as vime_main
+    from vime.rollout.toy_task import ToyTask, write_prompts
+
+    model, offload, env = RUN_SPECS[run]
+    model_dir = work / model
+    if not (model_dir / "config.json").exists():
+        seed_model.write_body_config(model_dir, model)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    prompts = work / f"toy-{vocab}.jsonl"
+    if not prompts.exists():
+        write_prompts(prompts, ToyTask(vocab_size=vocab, num_prompts=256, prompt_len=128))
+    hw = work / "profile.json"
+    hw.write_text(json.dumps(profile))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        args = predict.run_args("1", model, offload, model_dir, prompts)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    args[args.index("--hardware") + 1] = str(hw)
+    args[args.index("--model") + 1] = str(model_dir / "config.json")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        vime_main(["simulate", *args])
+    steps = json.loads(buf.getvalue())["steps"]
+    later = [s["metrics"] for s in steps if s["rollout_id"] >= 1] or [s["metrics"] for s in steps]
+    return {k: statistics.fmean(m[k] for m in later) for k in later[0]}
+
+
+def solve(f, target: float, lo: float, hi: float, *, increasing: bool, iters: int = 22) -> float:
+    """Bisection of a monotone f(x) = target on [lo, hi] (geometric: the terms span decades)."""
+    for _ in range(iters):
+        mid = (lo * hi) ** 0.5
+        if (f(mid) < target) == increasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5
+
+
+def with_values(profile: dict, values: dict[str, float]) -> dict:
+    out = json.loads(json.dumps(profile))
+    for key, v in values.items():
+        group, name = key.split(".")
+        out.setdefault(group, {})[name] = v
+    return out
+
+
+def fit(profile: dict, work: Path) -> dict[str, float]:
+    fitted: dict[str, float] = {}
+    base = {k: 0.0 for k in ("vmm.shared_map_s_per_gib", "efficiency.hf_convert_bytes_per_s")}
+
+    def sim(run: str, **extra: float) -> dict:
+        return simulate(run, with_values(profile, {**base, **fitted, **extra}), work)
+
+    run = "qwen3-0.6b-cumem-1g_2026-12-02"
+    target = measured(run, "perf/onload_kv_time")
+    fitted["vmm.shared_map_s_per_gib"] = round(solve(
+        lambda x: sim(run, **{"vmm.shared_map_s_per_gib": x})["perf/onload_kv_time"], target, 1e-6, 1e-1,
+        increasing=True), 7)
+    run = "qwen3-4b-cumem-1g_mbs2_2026-12-02"
+    target = measured(run, "perf/update_weights_export_time")
+    rate = solve(lambda x: sim(run, **{"efficiency.hf_convert_bytes_per_s": x})["perf/update_weights_export_time"],
+                 target, 1e7, 1e12, increasing=False)
+    fitted["efficiency.hf_convert_bytes_per_s"] = float(f"{rate:.4g}")
+    return fitted
+
+
+def implied_floor(profile: dict, fitted: dict[str, float], work: Path) -> tuple[float, float]:
+    """(implied, preset) forward CPU floor per layer: the b64_r512 run's train phase solved for the floor."""
+    eff = profile["efficiency"]
+    fwd, bwd = eff["train_host_fwd_s_per_layer"], eff["train_host_bwd_s_per_layer"]
+    run = "qwen3-0.6b-cumem-1g_b64_r512_2026-12-02"
+
+    def train(x: float) -> float:
+        floor = {"efficiency.train_host_fwd_s_per_layer": x, "efficiency.train_host_bwd_s_per_layer": x * bwd / fwd}
+        return simulate(run, with_values(profile, {**fitted, **floor}), work)["perf/train_phase_time"]
+
+    return solve(train, measured(run, "perf/train_phase_time"), 1e-5, 1e-1, increasing=True), fwd
+
+
+def held_out(profile: dict, work: Path) -> list[str]:
+    """Measured vs simulated (committed profile) for every 2026-12-02 run and the phases the fits touch."""
+    keys = ("perf/onload_weights_time", "perf/onload_kv_time", "perf/update_weights_export_time",
+            "perf/update_weights_time", "perf/train_phase_time", "perf/rollout_time", "perf/step_time")
+    lines = []
+    for run in RUN_SPECS:
+        s = simulate(run, profile, work)
+        for k in keys:
+            m = measured(run, k)
+            lines.append(f"{run:42s} {k:34s} measured {m:8.3f}  simulated {s[k]:8.3f}  {100 * (s[k] - m) / m:+7.1f} %")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail unless the committed values are the fits")
+    a = ap.parse_args(argv)
+    from vime.sim.engine.settings import EngineSettings
+
+    profile = json.loads(PROFILE.read_text())
+    wake = wake_terms(profile)
+    print(f"1. vLLM alone: KV {wake.pop('_kv_gib'):.1f} GiB, weights {wake.pop('_weights_gib'):.2f} GiB")
+    for k, v in wake.items():
+        print(f"   EngineSettings.{k} = {v}")
+    with tempfile.TemporaryDirectory() as d:
+        fitted = fit(profile, Path(d))
+        for k, v in fitted.items():
+            print(f"   {k} = {v}")
+        implied, preset = implied_floor(profile, fitted, Path(d))
+        print(f"4. CPU floor per layer, forward: the b64_r512 train phase implies {implied * 1e3:.2f} ms, "
+              f"the preset has {preset * 1e3:.2f} ms ({100 * (implied - preset) / preset:+.1f} %)")
+        committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
+        settings = EngineSettings()
+        bad = [f"{k}: committed {committed[k]}, fit {v}" for k, v in fitted.items() if committed[k] != v]
+        bad += [f"EngineSettings.{k}: committed {getattr(settings, k)}, fit {v}" for k, v in wake.items()
+                if abs(getattr(settings, k) - v) > 1e-9]
+        print("held out and fitted, on the committed profile:")
+        for line in held_out(profile, Path(d)):
+            print("  " + line)
+    if bad:
+        print("differs from the fits:\n  " + "\n  ".join(bad))
+        return 1 if a.check else 0
+    print("the committed values are the fits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
