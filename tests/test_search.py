@@ -132,9 +132,21 @@ def test_an_axis_is_one_line_and_the_planning_grid_reaches_ten_thousand() -> Non
     assert set(RULES) >= {"invalid", "memory", "bound"}
 
 
-def test_search_refuses_a_ray_address_it_would_not_use() -> None:
-    with pytest.raises(ConfigError, match="--ray-address runs --sweep points"):
-        parse_args(["--search", "fastest", "--ray-address", "auto"], command="simulate")
+def test_search_on_a_ray_cluster_returns_the_exhaustive_winner(exhaustive, monkeypatch) -> None:
+    """--search --ray-address: the simulations run as Ray tasks (here a private local cluster), the pruning here."""
+    ray = pytest.importorskip("ray")
+    base, points, ranked = exhaustive
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = parse_args([*SMALL, "--search", "fastest", "--ray-address", "local"], command="simulate")
+    assert args.ray_address == "local"
+    want = min((r for r in ranked if r.valid and r.fits), key=lambda r: (r.t_step, search_mod._tie(r.changes)))
+    try:
+        best, _, stats = run_search(base, points=points, ray_address="local")
+        assert ray.is_initialized() and ray.cluster_resources().get("CPU", 0) >= 1
+    finally:
+        ray.shutdown()
+    assert best is not None and best.changes == want.changes and best.t_step == want.t_step
+    assert stats.considered == len(points) and stats.full >= 1  # simulated on the cluster, not only pruned
 
 
 def test_search_refuses_an_offload_plan_that_would_choose_the_memory_fraction_itself() -> None:

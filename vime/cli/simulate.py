@@ -309,7 +309,7 @@ def run_sweep_command(args: Args) -> int:
         try:
             best, ranked, stats = run_search(args, goal=args.search, max_gpus=int(args.max_gpus),
                                              target_step_time=args.target_step_time, workers=args.workers,
-                                             progress=not quiet)
+                                             progress=not quiet, ray_address=args.ray_address)
         except Interrupted as stop:
             _print_results(args, stop.results, "vime.search/1", {"goal": args.search, "interrupted": True})  # type: ignore[arg-type]
             _write_sweep_report(args, stop.results, kind="search", interrupted=(len(stop.results), stop.total))  # type: ignore[arg-type]

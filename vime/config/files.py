@@ -71,9 +71,6 @@ def check_files(v: dict[str, Any], given: set[str], command: str) -> None:
         _need(not (v["search"] and v["train_offload_plan"] == "auto"),
               "--train-offload-plan auto chooses --gpu-memory-utilization, which --search searches too: search with "
               "--train-offload-plan all (or a list of tags), then run the winner with --train-offload-plan auto")
-        _need(not (v["search"] and v.get("ray_address")),
-              "--ray-address runs --sweep points on a Ray cluster; --search runs in local processes: drop "
-              "--ray-address (use --workers N), or use --sweep")
         _need(not (v["search"] and v["sweep"]),
               "--search and --sweep cannot be combined: --search chooses the layout itself; use one of them")
         _need(not (v["trace_out"] and (v["search"] or v["sweep"])),

@@ -187,6 +187,35 @@ class _Serial:
         pass
 
 
+class _RayPool:
+    """An executor over a Ray cluster: each call a Ray task; as many in flight as the cluster has CPUs."""
+
+    def __init__(self, address: str) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise ConfigError("--ray-address needs Ray: pip install 'vime[train]' (or ray)") from exc
+        self._ray = ray
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        self.size = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._refs: list[Any] = []
+        self._tasks: dict[Callable[..., Any], Any] = {}
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        task = self._tasks.get(fn)
+        if task is None:
+            task = self._tasks[fn] = self._ray.remote(fn)
+        ref = task.remote(*args)
+        self._refs.append(ref)
+        return ref.future()
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if cancel_futures:  # Ctrl-C: what is still queued or running stops
+            for ref in self._refs:
+                self._ray.cancel(ref, force=True)
+        self._refs.clear()
+
+
 @dataclass(order=True)
 class _Open:
     """A point not yet decided, ordered by a lower bound of its objective."""
@@ -209,13 +238,16 @@ class _Open:
 def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_step_time: float | None = None,
                workers: int | None = None, progress: bool = False, axes: Sequence[Axis] = AXES,
                points: Sequence[dict[str, Any]] | None = None, exhaustive: bool = False,
-               one_step: bool = False) -> tuple[PointResult | None, list[PointResult], SearchStats]:
+               one_step: bool = False, ray_address: str | None = None,
+               ) -> tuple[PointResult | None, list[PointResult], SearchStats]:
     """Search `points` (default: the `axes` grid up to `max_gpus`) for the goal's best fitting configuration.
 
     Returns (winner or None, every simulated point ranked, stats). ``exhaustive`` simulates every point
     in full with no pruning (the reference the pruned search must agree with). ``one_step`` simulates each
-    survivor's first step before its full run (pays off when the later steps' bounds are tight). Ctrl-C
-    raises `Interrupted` with the ranked results so far (the best so far first).
+    survivor's first step before its full run (pays off when the later steps' bounds are tight).
+    ``ray_address`` runs the simulations as tasks on that Ray cluster (as many at once as it has CPUs)
+    instead of local processes; the pruning stays here. Ctrl-C raises `Interrupted` with the ranked
+    results so far (the best so far first).
     """
     if goal not in GOALS:
         raise ConfigError(f"--search {goal!r}: use one of {', '.join(GOALS)}")
@@ -232,12 +264,13 @@ def run_search(base: Any, *, goal: str = "fastest", max_gpus: int = 64, target_s
     one_step = one_step and base.eval_interval is None and base.save_interval is None
     sides = {ax.dest: ax.side for ax in axes}
     opened = _screen(base, goal, pts, target_step_time, stats, exhaustive, one_step=one_step, sides=sides)
-    n = max(1, min(workers or os.cpu_count() or 1, len(opened) or 1))
+    ray_pool = _RayPool(ray_address) if ray_address else None
+    n = max(1, min((ray_pool.size if ray_pool else workers or os.cpu_count() or 1), len(opened) or 1))
     search = _Search(base, goal, target_step_time, stats, exhaustive)
     from tqdm import tqdm
 
     search.bar = tqdm(total=len(opened), unit="config", disable=not progress, file=sys.stderr, desc="searching")
-    pool: Any = _Serial() if n == 1 else _pool(n)
+    pool: Any = ray_pool or (_Serial() if n == 1 else _pool(n))
     try:
         search.run(opened, pool, n)
     except KeyboardInterrupt:
@@ -452,6 +485,9 @@ def _pool(n: int) -> ProcessPoolExecutor:
 
 def _stop(pool: Any) -> None:
     """Cancel what is queued and end the worker processes (Ctrl-C)."""
+    if isinstance(pool, _RayPool):
+        pool.shutdown(cancel_futures=True)
+        return
     if not isinstance(pool, ProcessPoolExecutor):
         return
     procs = list((getattr(pool, "_processes", None) or {}).values())
