@@ -94,6 +94,8 @@ def test_train_accepts_the_planned_arguments_and_resolves_the_layout(
     shared, train_only, train_args = planned
     # train gets the shared arguments without the simulator's inputs (refused by --backend real)
     assert [a for a in shared if a not in train_args][::2] == ["--model", "--hardware", "--response-length"]
+    # the maintained measured preset, by name: not a copy that can go stale beside it
+    assert shared[shared.index("--hardware") + 1] == "H200-141G-measured"
     rc, out = _run_cli(["train", "--backend", "real", *train_args, *train_only, "--dry-run"])
     assert rc == 0
     cfg = json.loads(out)  # --json is among the planned flags
@@ -115,7 +117,8 @@ def test_train_accepts_the_planned_arguments_and_resolves_the_layout(
 
 def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict, model_dir: Path,
                                                                layout: tuple[str, str, tuple[int, ...]]) -> None:
-    profile = json.loads((ROOT / "bench/data/H200-141G-measured.json").read_text())
+    # the maintained preset run.sh names (until 2026-12-02 it named a stale copy in bench/data)
+    profile = json.loads((ROOT / "vime/sim/data/hardware/H200-141G-measured.json").read_text())
     assert prediction["schema"] == "vime.simulate/1.1"
     assert prediction["hardware"]["name"] == profile["name"]
     model = json.loads((model_dir / "config.json").read_text())
