@@ -11,8 +11,9 @@ Each term is structural (one value for every model, batch and run) and fitted on
 2. Mapping beside another process (vmm.shared_map_s_per_gib): the onload-KV phase of the Qwen3-0.6B
    cumem run, solved on the simulator. Held out: the 4B run, the torch_memory_saver and b64 runs, every
    onload-weights phase, the 2026-10-28 runs.
-3. The trainer's HF conversion (efficiency.hf_convert_bytes_per_s): the export part of the Qwen3-4B
-   run's weight sync, solved on the simulator. Held out: the three 0.6B runs (their QKV share is 5x smaller).
+3. (Until 2026-12-02, efficiency.hf_convert_bytes_per_s = 1.5 GB/s, fitted on the 4B run's export: the trainer
+   split the fused QKV weights into fresh pageable host tensors. The trainer now cuts them on the GPU
+   (vime.real.weights.ipc.DeviceCut) and the term is gone; the 2026-12-02 exports below were made the old way.)
 4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
    micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
    Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
@@ -142,7 +143,7 @@ def with_values(profile: dict, values: dict[str, float]) -> dict:
 
 def fit(profile: dict, work: Path) -> dict[str, float]:
     fitted: dict[str, float] = {}
-    base = {k: 0.0 for k in ("vmm.shared_map_s_per_gib", "efficiency.hf_convert_bytes_per_s")}
+    base = {"vmm.shared_map_s_per_gib": 0.0}
 
     def sim(run: str, **extra: float) -> dict:
         return simulate(run, with_values(profile, {**base, **fitted, **extra}), work)
@@ -152,11 +153,6 @@ def fit(profile: dict, work: Path) -> dict[str, float]:
     fitted["vmm.shared_map_s_per_gib"] = round(solve(
         lambda x: sim(run, **{"vmm.shared_map_s_per_gib": x})["perf/onload_kv_time"], target, 1e-6, 1e-1,
         increasing=True), 7)
-    run = "qwen3-4b-cumem-1g_mbs2_2026-12-02"
-    target = measured(run, "perf/update_weights_export_time")
-    rate = solve(lambda x: sim(run, **{"efficiency.hf_convert_bytes_per_s": x})["perf/update_weights_export_time"],
-                 target, 1e7, 1e12, increasing=False)
-    fitted["efficiency.hf_convert_bytes_per_s"] = float(f"{rate:.4g}")
     return fitted
 
 

@@ -83,17 +83,93 @@ BODIES: dict[str, dict[str, int]] = {
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
 }
-PRESETS = ("seed", *BODIES)
+#: MoE bodies: Qwen3-30B-A3B's config.json values with fewer layers (issue 21: a MoE-shaped model that one GPU
+#: trains with its optimizer state, 128 experts × 3 tensors per layer for the weight sync to move).
+MOE_BODIES: dict[str, dict[str, int]] = {
+    "qwen3-30b-a3b-4l": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=4, num_attention_heads=32,
+                             num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                             moe_intermediate_size=768),
+}
+PRESETS = ("seed", *BODIES, *MOE_BODIES)
 
 
 def body_config(preset: str) -> dict:
     """config.json of a ``qwen3-*`` preset (no tokenizer, so no special-token ids)."""
+    if preset in MOE_BODIES:
+        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+                **MOE_BODIES[preset], "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                "router_aux_loss_coef": 0.001, "output_router_logits": False,
+                "hidden_act": "silu", "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+                "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
+                "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True}
     if preset not in BODIES:
         raise SystemExit(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
     return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, **BODIES[preset],
             "hidden_act": "silu", "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
             "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
             "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True}
+
+
+def moe_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The HF checkpoint names and shapes of a Qwen3-MoE config, one tensor per expert projection (the Hub layout)."""
+    h, d, v = cfg["hidden_size"], cfg["head_dim"], cfg["vocab_size"]
+    q, kv, e, f = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, cfg["num_experts"], cfg["moe_intermediate_size"]
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                    p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
+                    p + "mlp.gate.weight": (e, h)})
+        for j in range(e):
+            out.update({f"{p}mlp.experts.{j}.gate_proj.weight": (f, h), f"{p}mlp.experts.{j}.up_proj.weight": (f, h),
+                        f"{p}mlp.experts.{j}.down_proj.weight": (h, f)})
+    out["model.norm.weight"] = (h,)
+    if not cfg["tie_word_embeddings"]:
+        out["lm_head.weight"] = (v, h)
+    return out
+
+
+def build_moe_body(path: str | Path, preset: str, seed: int = 0) -> Path:
+    """Random bf16 weights of a MoE preset drawn on the GPU and written by name (transformers 5 keeps experts fused
+    in memory; the checkpoint must have the Hub's per-expert tensors that vLLM and vime's mapping read)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = body_config(preset)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    shard: dict[str, torch.Tensor] = {}
+    index: dict[str, str] = {}
+    n = size = 0
+    files = 0
+
+    def flush() -> None:
+        nonlocal shard, size, files
+        if shard:
+            files += 1
+            name = f"model-{files:05d}.safetensors"
+            save_file(shard, str(out / name), metadata={"format": "pt"})
+            index.update({k: name for k in shard})
+        shard, size = {}, 0
+
+    for name, shape in moe_tensor_shapes(cfg).items():
+        t = torch.empty(shape, dtype=torch.bfloat16, device=dev)
+        t.fill_(1.0) if name.endswith("norm.weight") else t.normal_(0.0, cfg["initializer_range"], generator=gen)
+        shard[name] = t.cpu()
+        n += t.numel()
+        size += t.numel() * 2
+        if size >= 2 << 30:
+            flush()
+    flush()
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 2 * n},
+                                                                  "weight_map": index}, indent=1) + "\n")
+    write_body_config(out, preset)
+    (out / "vime_model.json").write_text(json.dumps({"preset": preset, "params": n, "seed": seed}) + "\n")
+    return out
 
 
 def write_body_config(path: str | Path, preset: str) -> Path:
@@ -164,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         stats = weight_stats(a.dir)
         print(json.dumps(stats))
         return 0 if stats and min(stats.values()) > 1e-3 else 1
+    if a.preset in MOE_BODIES and a.what == "build":
+        print(build_moe_body(a.dir, a.preset))
+        return 0
     if a.preset != "seed":
         print(build_body(a.dir, a.preset) if a.what == "build" else write_body_config(a.dir, a.preset))
         return 0

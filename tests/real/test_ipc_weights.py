@@ -141,6 +141,35 @@ def test_exporter_reuses_one_buffer_across_buckets_and_steps_and_needs_acks():
     assert ex.staging.allocations == 1 and ex.staging.buffer.data_ptr() == base
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_qkv_cut_where_it_is_staged_equals_the_host_split(bias):
+    """The IPC export stages Megatron's fused QKV whole and cuts q, k, v from the staged copy: the bytes
+    equal the host split, the plan sees HF shapes, and the fused tensor is moved once for its three pieces."""
+    from vime.real.megatron import model as mmodel
+
+    spec = mmodel.ModelSpec(model_type="qwen2", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
+                            num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4,
+                            max_position_embeddings=64, tie_word_embeddings=True, qk_norm=False, qkv_bias=bias)
+    name = f"decoder.layers.0.self_attention.linear_qkv.{'bias' if bias else 'weight'}"
+    fused = torch.randn((4 + 2 * 2) * 8, *(() if bias else (16,)), generator=torch.Generator().manual_seed(3))
+    host = dict(mmodel.megatron_to_hf(spec, name, fused))
+    cut = dict(mmodel.megatron_to_hf(spec, name, fused, cut_on_device=True))
+    assert list(cut) == list(host) and all(isinstance(c, iw.DeviceCut) for c in cut.values())
+    assert iw.specs_of(cut) == iw.specs_of(host)
+    ex = iw.IpcExporter("cpu")
+    plan = ex.begin(cut, host[next(iter(host))].numel() * 4)  # q fills a bucket: k and v come in later ones
+    assert len(plan) >= 2 and [s.name for s in plan[0].slots] == [next(iter(host))]
+    staged = {n: v.clone() for n, v in ex.stage(0).items()}  # the next bucket reuses the buffer
+    assert ex.staging._fused[0] is fused  # kept for k and v
+    for i in range(1, len(plan)):
+        staged.update({n: v.clone() for n, v in ex.stage(i, ack=i - 1).items()})
+    ex.end(ack=len(plan) - 1)
+    assert ex.staging._fused is None  # the fused copy does not outlive the export
+    for n, t in host.items():
+        assert torch.equal(staged[n], t), n
+        assert torch.equal(cut[n].materialize(), t), n
+
+
 # --- handles, mapping -----------------------------------------------------------------------------
 
 

@@ -117,3 +117,34 @@ def test_handles_opened_in_a_second_process_reproduce_the_bytes():
     finally:
         _stop(proc, inbox)
     assert proc.exitcode == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_qkv_cut_on_the_gpu_reaches_the_engine_as_the_host_split():
+    """The fused QKV crosses pinned and whole, q, k, v are cut in the staging buffer: the engine reads the host split's bytes."""
+    from vime.real.megatron import model as mmodel
+
+    spec = mmodel.ModelSpec(model_type="qwen3", vocab_size=64, hidden_size=1024, intermediate_size=2048, num_layers=2,
+                            num_heads=16, num_kv_heads=4, head_dim=64, rms_norm_eps=1e-6, rope_theta=1e6,
+                            max_position_embeddings=128, tie_word_embeddings=True, qk_norm=True, qkv_bias=False)
+    g = torch.Generator().manual_seed(5)
+    host: dict[str, torch.Tensor] = {}
+    cut: dict[str, object] = {}
+    for i in range(2):
+        fused = torch.randn((16 + 2 * 4) * 64, 1024, generator=g).to(torch.bfloat16).pin_memory()
+        name = f"decoder.layers.{i}.self_attention.linear_qkv.weight"
+        host.update(mmodel.megatron_to_hf(spec, name, fused))
+        cut.update(mmodel.megatron_to_hf(spec, name, fused, cut_on_device=True))
+        down = torch.randn(1024, 2048, generator=g).to(torch.bfloat16).pin_memory()
+        host[f"model.layers.{i}.mlp.down_proj.weight"] = cut[f"model.layers.{i}.mlp.down_proj.weight"] = down
+    proc, inbox, outbox = _start()
+    try:
+        ex = iw.IpcExporter(torch.device("cuda", 0))
+        n, got = _publish(ex, cut, 3 << 20, inbox, outbox)
+        assert n >= 3 and set(got) == set(host)
+        for name, t in host.items():
+            assert got[name] == _raw(t), f"{name} differs from the host split"
+    finally:
+        _stop(proc, inbox)
+    assert proc.exitcode == 0

@@ -326,21 +326,22 @@ def test_export_stages_each_bucket_on_every_gpu_until_the_consumer_moves_on():
     assert all(used == [nbytes] * 8 for nbytes, used in seen)
     assert all(g.used("actor", "weight_buffer") == 0 for g in cl.gpus)
     staged = sum(nb for nb, _ in seen)
-    m = QWEN3_4B  # the HF conversion first (the QKV split, every rank all of it at PP 1), then the buckets
-    convert = (m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * m.dtype_bytes
-               / H100.efficiency.hf_convert_bytes_per_s)
+    m = QWEN3_4B  # the HF conversion (the QKV cut on the GPU, every rank all of it at PP 1), then the buckets
+    convert = (2 * m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
+               * m.dtype_bytes / H100.hbm_bytes_per_s)
     expected = convert + staged / 2 / H100.h2d_bytes_per_s + sum(H100.allgather_seconds(nb, 2) for nb, _ in seen)
     assert cl.env.now - t0 == pytest.approx(expected, rel=1e-9)
     with pytest.raises(ConfigError):
         _run(cl, consume_one(tr, 0))
 
 
-def test_export_starts_with_the_hf_conversion_of_the_fused_qkv_weights():
-    """efficiency.hf_convert_bytes_per_s: the trainer splits the fused QKV weights on the host before the first bucket."""
+def test_export_cuts_the_fused_qkv_weights_on_the_gpu():
+    """The QKV cut costs a read and a write of the fused weights at HBM speed (the real trainer stages them
+    fused, vime.real.weights.ipc.DeviceCut): a slower HBM slows the export by exactly that."""
     from dataclasses import replace
 
-    def export_seconds(rate: float) -> float:
-        hw = replace(H100, efficiency=replace(H100.efficiency, hf_convert_bytes_per_s=rate))
+    def export_seconds(hbm: float) -> float:
+        hw = replace(H100, hbm_bytes_per_s=hbm)
         tr, cl = _trainer(_seed_args(), hw=hw)
         _run(cl, tr.init())
         t0 = cl.env.now
@@ -349,7 +350,8 @@ def test_export_starts_with_the_hf_conversion_of_the_fused_qkv_weights():
 
     m = QWEN3_4B
     qkv = m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * m.dtype_bytes
-    assert export_seconds(1.5e9) - export_seconds(0.0) == pytest.approx(qkv / 1.5e9, rel=1e-9)  # PP 1: every rank all of it
+    hbm = H100.hbm_bytes_per_s
+    assert export_seconds(hbm / 2) - export_seconds(hbm) == pytest.approx(2 * qkv / hbm, rel=1e-6)  # PP 1: all of it
 
 
 async def consume_all(tr: SimTrainer, bucket_bytes: int) -> None:

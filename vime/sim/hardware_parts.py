@@ -93,10 +93,6 @@ class Efficiency:
     #: presets. The engine's in-graph all-reduces keep EngineSettings.allreduce_latency_s.
     collective_latency_s: float = 0.0
     host_copy_util: float = 1.0
-    #: Bytes/s of the trainer's HF conversion before a weight export: the fused QKV weights are split
-    #: into fresh (pageable) q/k/v host tensors, which then reach the GPU through pageable copies; the
-    #: other tensors are views of the pinned backup. 0 = free. H200: fitted on one whole step.
-    hf_convert_bytes_per_s: float = 0.0
     #: Fixed cost of one trainer protocol call (train, sleep, wake_up, export): the Ray actor round
     #: trip and the rank's Python around the work. 0 in the estimate presets (negligible next to a GPU
     #: step); on the CPU machine it is most of a sleep or a wake.

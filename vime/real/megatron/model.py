@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -272,8 +273,10 @@ def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(shards, dim=dim)
 
 
-def megatron_to_hf(spec: ModelSpec, name: str, full: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """HF (name, tensor) pairs for one Megatron-full tensor (QKV and gate/up are split)."""
+def megatron_to_hf(spec: ModelSpec, name: str, full: torch.Tensor, *,
+                   cut_on_device: bool = False) -> list[tuple[str, Any]]:
+    """HF (name, tensor) pairs for one Megatron-full tensor (QKV and gate/up are split). `cut_on_device`: QKV's
+    pieces stay `DeviceCut`s of the fused tensor, cut where they are staged (the IPC export)."""
     if name in _TOP_DIRECT:
         if name in _VOCAB:
             full = full[: spec.vocab_size]
@@ -289,7 +292,14 @@ def megatron_to_hf(spec: ModelSpec, name: str, full: torch.Tensor) -> list[tuple
         return [(pre + _LAYER_DIRECT[rest], full)]
     if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
         kind = rest.rsplit(".", 1)[1]
-        q, k, v = split_qkv(spec, full)
+        if cut_on_device:
+            from vime.real.weights.ipc import DeviceCut
+
+            rows = (spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim,
+                    spec.num_kv_heads * spec.head_dim)
+            q, k, v = (DeviceCut(full, partial(qkv_piece, spec, j), (rows[j], *full.shape[1:])) for j in range(3))
+        else:
+            q, k, v = split_qkv(spec, full)
         return [(f"{pre}self_attn.q_proj.{kind}", q), (f"{pre}self_attn.k_proj.{kind}", k),
                 (f"{pre}self_attn.v_proj.{kind}", v)]
     if rest == "mlp.linear_fc1.weight":
@@ -298,15 +308,18 @@ def megatron_to_hf(spec: ModelSpec, name: str, full: torch.Tensor) -> list[tuple
     raise KeyError(f"no HF name for Megatron parameter {name!r}")
 
 
+def qkv_piece(spec: ModelSpec, which: int, fused: torch.Tensor) -> torch.Tensor:
+    """View of HF q (0), k (1) or v (2) inside Megatron's per-group fused QKV, grouped [g, rows, ...] (no copy)."""
+    g, d, hpg = spec.num_kv_heads, spec.head_dim, spec.heads_per_group
+    grouped = fused.reshape(g, (hpg + 2) * d, *fused.shape[1:])
+    lo, hi = ((0, hpg * d), (hpg * d, (hpg + 1) * d), ((hpg + 1) * d, (hpg + 2) * d))[which]
+    return grouped[:, lo:hi]
+
+
 def split_qkv(spec: ModelSpec, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Megatron's per-group fused QKV → HF q, k, v (weights or biases)."""
-    g, d, hpg = spec.num_kv_heads, spec.head_dim, spec.heads_per_group
-    rest = fused.shape[1:]
-    grouped = fused.reshape(g, (hpg + 2) * d, *rest)
-    q = grouped[:, : hpg * d].reshape(g * hpg * d, *rest)
-    k = grouped[:, hpg * d: (hpg + 1) * d].reshape(g * d, *rest)
-    v = grouped[:, (hpg + 1) * d:].reshape(g * d, *rest)
-    return q.contiguous(), k.contiguous(), v.contiguous()
+    pieces = [qkv_piece(spec, j, fused) for j in range(3)]
+    return tuple(p.reshape(-1, *fused.shape[1:]).contiguous() for p in pieces)  # type: ignore[return-value]
 
 
 def fuse_qkv(spec: ModelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from vime.protocols import WeightBucket
 from vime.real.megatron import compat
 from vime.real.megatron import model as mmodel
 from vime.real.megatron.offload import inner_optimizers
+from vime.real.weights import ipc
 
 
 def host_views(tensors: Sequence[tuple[str, torch.Tensor]], *, pinned: bool) -> dict[str, torch.Tensor]:
@@ -88,15 +89,16 @@ class ActorWeights:
         dist.all_gather(parts, t.contiguous(), group=ps.get_tensor_model_parallel_group())
         return mmodel.unshard(name, [p.cpu() for p in parts])
 
-    def hf_state(self, from_backup: bool = True) -> dict[str, torch.Tensor]:
-        """HF-named full tensors (collective over TP: every TP rank must call it)."""
+    def hf_state(self, from_backup: bool = True, *, cut_on_device: bool = False) -> dict[str, Any]:
+        """HF-named full tensors (collective over TP: every TP rank must call it). `cut_on_device`: the fused
+        QKV pieces stay `DeviceCut`s for the staging buffer to cut (the IPC export)."""
         source = self.backup_state if from_backup else {n: p.detach() for n, p in self.module.named_parameters()}
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, Any] = {}
         with compat.device_mode():
             for name in mmodel.hf_export_order(self.spec, source):
                 full = self._gather_full(name, source[name])
-                for hf_name, t in mmodel.megatron_to_hf(self.spec, name, full):
-                    out[hf_name] = t.contiguous()
+                for hf_name, t in mmodel.megatron_to_hf(self.spec, name, full, cut_on_device=cut_on_device):
+                    out[hf_name] = t if isinstance(t, ipc.DeviceCut) else t.contiguous()
         return out
 
     def export_buckets(self, bucket_bytes: int) -> list[WeightBucket]:
@@ -134,11 +136,10 @@ class ActorWeights:
         """Collective: gather the HF state from the backup and plan its buckets; the staging buffer
         (allocated once, outside the offload region) is sized for the largest bucket. Returns the
         plan (the same on every rank) and this rank's GPU UUID (None on CPU)."""
-        from vime.real.weights import ipc
 
         if self._ipc is None:
             self._ipc = ipc.IpcExporter(self.device)
-        layouts = self._ipc.begin(self.hf_state(from_backup=True), bucket_bytes)
+        layouts = self._ipc.begin(self.hf_state(from_backup=True, cut_on_device=True), bucket_bytes)
         return layouts, (None if self.cpu else ipc.device_uuid(self.device))
 
     def ipc_stage(self, index: int, ack: int | None) -> Any:

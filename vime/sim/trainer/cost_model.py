@@ -272,13 +272,11 @@ class ActorCostModel:
         return seconds
 
     def _convert_seconds(self) -> float:
-        """The HF conversion at the start of an export: every rank splits its full fused QKV weights."""
-        rate = self.hw.efficiency.hf_convert_bytes_per_s
-        if rate <= 0:
-            return 0.0
+        """The HF conversion of an export: each rank cuts q, k, v out of its staged fused QKV weights on the
+        GPU (read and written once at HBM speed; the fused bytes cross the host link as the bucket's)."""
         m = self.model
         qkv = m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * m.dtype_bytes
-        return qkv / self.layout.pp / rate
+        return 2 * qkv / self.layout.pp / self.hw.hbm_bytes_per_s
 
     def _checkpoint_seconds(self) -> float:
         return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * self.nodes)
