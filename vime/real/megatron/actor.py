@@ -25,7 +25,13 @@ import torch
 from vime.errors import ConfigError, TrainerError
 from vime.real.megatron import compat
 from vime.real.megatron import model as mmodel
-from vime.real.megatron.batches import MicroBatch, log_prob_micro_batches, run_schedule, train_micro_batches
+from vime.real.megatron.batches import (
+    MicroBatch,
+    log_prob_micro_batches,
+    pad_width,
+    run_schedule,
+    train_micro_batches,
+)
 from vime.real.megatron.build import build_model, init_communicators, join_process_group
 from vime.real.megatron.loss import TokenScorer, policy_loss, response_slice
 from vime.real.megatron.offload import (
@@ -40,6 +46,7 @@ from vime.real.megatron.reference import ReferenceModel
 from vime.real.megatron.weight_calls import WeightCalls
 from vime.real.megatron.weights import ActorWeights
 from vime.real.ports import free_port
+from vime.sim.moe import effective_expert_tp
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,6 +58,8 @@ class ActorConfig:
     hf_config: dict[str, Any]
     hf_checkpoint: str | None = None  # load these HF safetensors; random init when None
     tensor_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1  # MoE: EP splits the routed experts (whole ones) over ranks
+    expert_tensor_parallel_size: int | None = None  # None: vime.sim.moe.effective_expert_tp (1 with EP, else TP)
     use_distributed_optimizer: bool = False
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -145,6 +154,12 @@ class MegatronActor(WeightCalls):
         self.spec.check_tp(tp)
         self.tp = tp
         self.dp = world_size // tp
+        self.ep = cfg.expert_model_parallel_size
+        self.etp = effective_expert_tp(tp, self.ep, cfg.expert_tensor_parallel_size)
+        self.spec.check_experts(self.ep, self.etp)
+        if world_size % (self.ep * self.etp):
+            raise ConfigError(f"{world_size} trainer ranks cannot be split into expert groups of --expert-model-parallel-"
+                              f"size {self.ep} × --expert-tensor-parallel-size {self.etp}")
         self.cpu = not torch.cuda.is_available()
         self.offload: Any = None
         self.asleep = False
@@ -192,29 +207,36 @@ class MegatronActor(WeightCalls):
         from megatron.core import parallel_state as ps
 
         with compat.device_mode():
-            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp)
-            compat.model_parallel_seed(self.cfg.seed, ps.get_tensor_model_parallel_rank())
+            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, expert_model_parallel_size=self.ep,
+                                         expert_tensor_parallel_size=self.etp)
             self.tp_rank = ps.get_tensor_model_parallel_rank()
             self.dp_rank = ps.get_data_parallel_rank()
+            self.ep_rank = ps.get_expert_model_parallel_rank()
+            self.etp_rank = ps.get_expert_tensor_parallel_rank()
+            compat.model_parallel_seed(self.cfg.seed, self.tp_rank, self.ep_rank, self.etp_rank)
             self.scorer = TokenScorer(self.spec.vocab_size, self.tp_rank, self.cfg.rollout_temperature)
             if not self.cpu:
                 init_communicators(ps, self._device())
             self.offload = make_offload_backend(self.cfg.offload_backend, self.cfg.train_offload_plan)
-            built = build_model(self.spec, self.cfg, tp=self.tp, cpu=self.cpu, offload=self.offload)
+            built = build_model(self.spec, self.cfg, tp=self.tp, ep=self.ep, etp=self.etp, cpu=self.cpu,
+                                offload=self.offload)
             self.tf_config, self.model, self.optimizer = built.tf_config, built.model, built.optimizer
             self._adam_state_up_front = built.adam_state_up_front
             self.weights = ActorWeights(
                 model=self.model, optimizer=self.optimizer, spec=self.spec, hf_config=self.cfg.hf_config,
                 rank=self.rank, tp=self.tp, tp_rank=self.tp_rank, dp=self.dp,
-                distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device())
+                distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device(),
+                ep=self.ep, ep_rank=self.ep_rank, etp=self.etp, etp_rank=self.etp_rank)
             if self.cfg.hf_checkpoint:
                 self.load_hf(self.cfg.hf_checkpoint)
             self.reference = None
             if self.cfg.use_kl_loss or self.cfg.kl_coef > 0:
                 self.reference = ReferenceModel(self.spec, self.cfg, tp=self.tp, tp_rank=self.tp_rank, cpu=self.cpu,
-                                                offload=self.offload, path=self.cfg.ref_load, policy=self.module)
+                                                offload=self.offload, path=self.cfg.ref_load, policy=self.module,
+                                                ep=self.ep, ep_rank=self.ep_rank, etp=self.etp,
+                                                etp_rank=self.etp_rank)
             self.backup_weights()
-        return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
+        return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank, "ep_rank": self.ep_rank,
                 "setup_s": time.perf_counter() - t0, "params": self.num_params(),
                 "offload_backend": self.offload.name}
 
@@ -261,7 +283,7 @@ class MegatronActor(WeightCalls):
 
         with compat.device_mode(), torch.no_grad():
             self.model.eval()
-            run_schedule(self.model, log_prob_micro_batches(batch, groups, self._device()), True, collect)
+            run_schedule(self.model, self._align(log_prob_micro_batches(batch, groups, self._device())), True, collect)
             self.model.train()
         return [out[i] for i in range(len(batch.tokens))]
 
@@ -285,7 +307,8 @@ class MegatronActor(WeightCalls):
             ref, ref_time = None, 0.0
             if self.reference is not None:
                 t_ref = time.perf_counter()
-                ref = self.reference.log_probs(batch, batch.micro_batch_indices, self.scorer, self._device())
+                ref = self.reference.log_probs(batch, batch.micro_batch_indices, self.scorer, self._device(),
+                                               align=self._align)
                 ref_time = time.perf_counter() - t_ref
             advantages = self._advantages(batch, old, ref)
             sums = {"loss": 0.0, "pg_clipfrac": 0.0, "entropy": 0.0, "rows": 0.0}
@@ -293,8 +316,9 @@ class MegatronActor(WeightCalls):
             grad_norms, tokens = [], 0
             loss_fn = partial(policy_loss, self.cfg, self.scorer)
             for step in range(len(num_mb)):
-                mbs = train_micro_batches(batch, batch.micro_batches(step), old, self._device(), advantages=advantages,
-                                          rollout_log_probs=rollout, ref_log_probs=ref)
+                mbs = self._align(train_micro_batches(batch, batch.micro_batches(step), old, self._device(),
+                                                      advantages=advantages, rollout_log_probs=rollout,
+                                                      ref_log_probs=ref))
                 tokens += sum(int(mb.tokens.numel()) for mb in mbs)
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
@@ -332,6 +356,20 @@ class MegatronActor(WeightCalls):
         if self.cfg.get_mismatch_metrics and rollout is not None:
             out["train_rollout_logprob_abs_diff"] = extra["train_rollout_logprob_abs_diff"] / rows
         return out
+
+    def _align(self, mbs: list[MicroBatch]) -> list[MicroBatch]:
+        """`mbs` right-padded to widths Megatron's MoE layers take: a multiple of TP (sequence parallelism
+        splits the sequence) and, under the all-gather token dispatcher, the same width on every rank of
+        the expert group, whose tokens it stacks (collective over that group)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        if not self.spec.num_experts:
+            return mbs
+        widths = torch.tensor([mb.tokens.shape[1] for mb in mbs], dtype=torch.long, device=self._device())
+        if self.ep * self.etp > 1 and self.tf_config.moe_token_dispatcher_type == "allgather":
+            dist.all_reduce(widths, op=dist.ReduceOp.MAX, group=ps.get_expert_tensor_and_model_parallel_group())
+        return [pad_width(mb, -(-int(w) // self.tp) * self.tp) for mb, w in zip(mbs, widths.tolist(), strict=True)]
 
     def _advantages(self, batch: Any, old: Sequence[torch.Tensor] | None,
                     ref: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
@@ -401,13 +439,16 @@ class MegatronActor(WeightCalls):
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
         ids = torch.as_tensor([list(t) for t in tokens], dtype=torch.long, device=self._device())
+        width = ids.shape[1]
+        if self.spec.num_experts and width % self.tp:  # sequence parallelism splits the sequence over TP
+            ids = torch.cat([ids, ids.new_zeros(ids.shape[0], self.tp - width % self.tp)], dim=1)
         pos = torch.arange(ids.shape[1], device=self._device()).unsqueeze(0).expand_as(ids).contiguous()
         with compat.device_mode(), torch.no_grad():
             self.model.eval()
             logits = self.model(ids, pos, None)
             self.model.train()
             full = gather_from_tensor_model_parallel_region(logits)
-        return full[..., : self.spec.vocab_size].float().cpu()
+        return full[:, :width, : self.spec.vocab_size].float().cpu()
 
     def memory(self) -> dict[str, float]:
         """Resident memory of this process (MiB) and peak CUDA memory when on a GPU."""

@@ -54,6 +54,19 @@ def make_micro_batch(tokens: Sequence[Sequence[int]], response_lengths: Sequence
                       rows=list(rows))
 
 
+def pad_width(mb: MicroBatch, width: int) -> MicroBatch:
+    """`mb` right-padded to `width` columns (pad tokens come after every real one, so causal attention
+    and the per-token experts leave the real tokens' logits unchanged)."""
+    extra = width - mb.tokens.shape[1]
+    if extra < 0:
+        raise TrainerError(f"cannot pad a micro-batch of width {mb.tokens.shape[1]} to {width}")
+    if extra:
+        b, dev = mb.tokens.shape[0], mb.tokens.device
+        mb.tokens = torch.cat([mb.tokens, torch.zeros(b, extra, dtype=mb.tokens.dtype, device=dev)], dim=1)
+        mb.position_ids = torch.arange(width, dtype=torch.long, device=dev).unsqueeze(0).expand(b, -1).contiguous()
+    return mb
+
+
 def train_micro_batches(batch: Any, groups: Sequence[Sequence[int]], old_log_probs: Sequence[torch.Tensor] | None,
                         device: torch.device, *, advantages: Sequence[torch.Tensor],
                         rollout_log_probs: Sequence[torch.Tensor] | None = None,
