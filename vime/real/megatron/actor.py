@@ -28,7 +28,8 @@ from vime.real.megatron import model as mmodel
 from vime.real.megatron.batches import (
     MicroBatch,
     log_prob_micro_batches,
-    pad_width,
+    moe_widths,
+    padded_rows,
     run_schedule,
     train_micro_batches,
 )
@@ -156,10 +157,7 @@ class MegatronActor(WeightCalls):
         self.dp = world_size // tp
         self.ep = cfg.expert_model_parallel_size
         self.etp = effective_expert_tp(tp, self.ep, cfg.expert_tensor_parallel_size)
-        self.spec.check_experts(self.ep, self.etp)
-        if world_size % (self.ep * self.etp):
-            raise ConfigError(f"{world_size} trainer ranks cannot be split into expert groups of --expert-model-parallel-"
-                              f"size {self.ep} × --expert-tensor-parallel-size {self.etp}")
+        self.spec.check_experts(self.ep, self.etp, world_size)
         self.cpu = not torch.cuda.is_available()
         self.offload: Any = None
         self.asleep = False
@@ -222,19 +220,19 @@ class MegatronActor(WeightCalls):
                                 offload=self.offload)
             self.tf_config, self.model, self.optimizer = built.tf_config, built.model, built.optimizer
             self._adam_state_up_front = built.adam_state_up_front
+            self._align = moe_widths(self.tf_config, self._device())
+            experts = dict(ep=self.ep, ep_rank=self.ep_rank, etp=self.etp, etp_rank=self.etp_rank)
             self.weights = ActorWeights(
                 model=self.model, optimizer=self.optimizer, spec=self.spec, hf_config=self.cfg.hf_config,
                 rank=self.rank, tp=self.tp, tp_rank=self.tp_rank, dp=self.dp,
-                distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device(),
-                ep=self.ep, ep_rank=self.ep_rank, etp=self.etp, etp_rank=self.etp_rank)
+                distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device(), **experts)
             if self.cfg.hf_checkpoint:
                 self.load_hf(self.cfg.hf_checkpoint)
             self.reference = None
             if self.cfg.use_kl_loss or self.cfg.kl_coef > 0:
                 self.reference = ReferenceModel(self.spec, self.cfg, tp=self.tp, tp_rank=self.tp_rank, cpu=self.cpu,
                                                 offload=self.offload, path=self.cfg.ref_load, policy=self.module,
-                                                ep=self.ep, ep_rank=self.ep_rank, etp=self.etp,
-                                                etp_rank=self.etp_rank)
+                                                align=self._align, **experts)
             self.backup_weights()
         return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank, "ep_rank": self.ep_rank,
                 "setup_s": time.perf_counter() - t0, "params": self.num_params(),
@@ -307,8 +305,7 @@ class MegatronActor(WeightCalls):
             ref, ref_time = None, 0.0
             if self.reference is not None:
                 t_ref = time.perf_counter()
-                ref = self.reference.log_probs(batch, batch.micro_batch_indices, self.scorer, self._device(),
-                                               align=self._align)
+                ref = self.reference.log_probs(batch, batch.micro_batch_indices, self.scorer, self._device())
                 ref_time = time.perf_counter() - t_ref
             advantages = self._advantages(batch, old, ref)
             sums = {"loss": 0.0, "pg_clipfrac": 0.0, "entropy": 0.0, "rows": 0.0}
@@ -356,20 +353,6 @@ class MegatronActor(WeightCalls):
         if self.cfg.get_mismatch_metrics and rollout is not None:
             out["train_rollout_logprob_abs_diff"] = extra["train_rollout_logprob_abs_diff"] / rows
         return out
-
-    def _align(self, mbs: list[MicroBatch]) -> list[MicroBatch]:
-        """`mbs` right-padded to widths Megatron's MoE layers take: a multiple of TP (sequence parallelism
-        splits the sequence) and, under the all-gather token dispatcher, the same width on every rank of
-        the expert group, whose tokens it stacks (collective over that group)."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
-        if not self.spec.num_experts:
-            return mbs
-        widths = torch.tensor([mb.tokens.shape[1] for mb in mbs], dtype=torch.long, device=self._device())
-        if self.ep * self.etp > 1 and self.tf_config.moe_token_dispatcher_type == "allgather":
-            dist.all_reduce(widths, op=dist.ReduceOp.MAX, group=ps.get_expert_tensor_and_model_parallel_group())
-        return [pad_width(mb, -(-int(w) // self.tp) * self.tp) for mb, w in zip(mbs, widths.tolist(), strict=True)]
 
     def _advantages(self, batch: Any, old: Sequence[torch.Tensor] | None,
                     ref: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
@@ -438,11 +421,8 @@ class MegatronActor(WeightCalls):
         """Full-vocabulary logits [b, s, vocab] (TP-gathered) for equal-length rows."""
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-        ids = torch.as_tensor([list(t) for t in tokens], dtype=torch.long, device=self._device())
-        width = ids.shape[1]
-        if self.spec.num_experts and width % self.tp:  # sequence parallelism splits the sequence over TP
-            ids = torch.cat([ids, ids.new_zeros(ids.shape[0], self.tp - width % self.tp)], dim=1)
-        pos = torch.arange(ids.shape[1], device=self._device()).unsqueeze(0).expand_as(ids).contiguous()
+        width = len(tokens[0])  # MoE layers under TP take a multiple of TP (sequence parallelism)
+        ids, pos = padded_rows(tokens, self.tp if self.spec.num_experts else 1, self._device())
         with compat.device_mode(), torch.no_grad():
             self.model.eval()
             logits = self.model(ids, pos, None)

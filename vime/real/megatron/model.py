@@ -85,8 +85,12 @@ class ModelSpec:
                 f"--tensor-model-parallel-size {tp} does not divide intermediate_size {self.intermediate_size}"
             )
 
-    def check_experts(self, ep: int, etp: int) -> None:
-        """EP must divide the routed experts and ETP each expert's width (a dense model takes EP = ETP = 1)."""
+    def check_experts(self, ep: int, etp: int, world: int | None = None) -> None:
+        """EP must divide the routed experts, ETP each expert's width, EP × ETP the `world` of ranks when
+        given (a dense model takes EP = 1)."""
+        if world is not None and world % (ep * etp):
+            raise ConfigError(f"{world} trainer ranks cannot be split into expert groups of "
+                              f"--expert-model-parallel-size {ep} × --expert-tensor-parallel-size {etp}")
         if not self.num_experts:
             if ep != 1:
                 raise ConfigError(f"--expert-model-parallel-size {ep}: the model is dense (no experts); leave it at 1")

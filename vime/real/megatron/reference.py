@@ -23,7 +23,8 @@ class ReferenceModel:
 
     def __init__(self, spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, tp_rank: int, cpu: bool,
                  offload: Any, path: str | None, policy: Any = None, ep: int = 1, ep_rank: int = 0,
-                 etp: int | None = None, etp_rank: int = 0) -> None:
+                 etp: int | None = None, etp_rank: int = 0,
+                 align: Callable[[list[MicroBatch]], list[MicroBatch]] | None = None) -> None:
         tf_config = mmodel.transformer_config(spec, tp=tp, ep=ep, etp=etp, dtype=cfg.torch_dtype, cpu_init=cpu,
                                               calculate_per_token_loss=False)
         with offload.region("params"):
@@ -43,12 +44,13 @@ class ReferenceModel:
                     p.copy_(src[name])
         module.eval()
         self.module = module
+        # pads the micro-batches as the policy's are padded (MoE layouts: batches.moe_widths)
+        self.align = align
         self.source = path or "the initial policy"
 
-    def log_probs(self, batch: Any, groups: Sequence[Sequence[int]], scorer: TokenScorer, device: torch.device,
-                  align: Callable[[list[MicroBatch]], list[MicroBatch]] | None = None) -> list[torch.Tensor]:
-        """Per-response-token log-probs of every row of `batch` under the reference, in row order;
-        `align` pads the micro-batches as the policy's are (MoE layouts, `MegatronActor._align`)."""
+    def log_probs(self, batch: Any, groups: Sequence[Sequence[int]], scorer: TokenScorer,
+                  device: torch.device) -> list[torch.Tensor]:
+        """Per-response-token log-probs of every row of `batch` under the reference, in row order."""
         out: dict[int, torch.Tensor] = {}
 
         def collect(mb: MicroBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -59,5 +61,5 @@ class ReferenceModel:
 
         with torch.no_grad():
             mbs = log_prob_micro_batches(batch, groups, device)
-            run_schedule(self.module, align(mbs) if align else mbs, True, collect)
+            run_schedule(self.module, self.align(mbs) if self.align else mbs, True, collect)
         return [out[i] for i in range(len(batch.tokens))]
