@@ -194,8 +194,10 @@ class ActorWeights:
             reload()
 
     def _layout(self) -> dict[str, Any]:
-        return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "etp": self.etp, "rank": self.rank,
-                "distributed_optimizer": self.distributed_optimizer}
+        layout = {"tp": self.tp, "dp": self.dp, "rank": self.rank, "distributed_optimizer": self.distributed_optimizer}
+        if self.ep > 1 or self.etp != self.tp:  # only then: checkpoints saved before EP existed still match
+            layout.update(ep=self.ep, etp=self.etp)
+        return layout
 
     def save_checkpoint(self, rollout_id: int, path: str) -> None:
         """Weights as HF safetensors (rank 0, TP shards gathered), each rank's optimizer state, and
