@@ -26,12 +26,16 @@ HF = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size"
       "head_dim": 16, "max_position_embeddings": 64, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
       "torch_dtype": "float32"}
 
+#: the same shape as a Qwen3-MoE of 4 experts (the expert-parallel flags need one)
+HF_MOE = {**HF, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 4,
+          "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True}
+
 #: what the fake engines answer: a math answer whose label some prompts carry
 ANSWER = "\\boxed{1}"
 
 
 def write_inputs(root: Path) -> dict[str, str]:
-    """The files the flags name: prompts (with alternative keys), an eval set, two model directories."""
+    """The files the flags name: prompts (with alternative keys), an eval set, two dense model directories and a MoE one."""
     rows = [{"prompt": f"prompt {i}" + " long" * (i % 7), "label": str(i % 3), "question": f"q{i}",
              "answer": str((i + 1) % 3)} for i in range(64)]
     data = root / "prompts.jsonl"
@@ -41,10 +45,10 @@ def write_inputs(root: Path) -> dict[str, str]:
     ev.write_text("".join(json.dumps({"prompt": f"eval {i}", "token_ids": list(f"eval {i}".encode()), "label": "1"})
                           + "\n" for i in range(8)))
     paths = {"data": str(data), "eval": str(ev), "dir": str(root)}
-    for name in ("model", "model2"):
+    for name, cfg in (("model", HF), ("model2", HF), ("moe", HF_MOE)):
         d = root / name
         d.mkdir()
-        (d / "config.json").write_text(json.dumps(HF))
+        (d / "config.json").write_text(json.dumps(cfg))
         paths[name] = str(d)
     return paths
 

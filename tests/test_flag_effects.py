@@ -76,9 +76,14 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "use_distributed_optimizer": Effect(("--no-use-distributed-optimizer",), P.optimizer),
     "recompute_granularity": Effect(("--recompute-granularity", "full"), P.model),
     "sequence_parallel": Refused(("--sequence-parallel",), "vime simulate"),
-    # MoE (issue 21): the real trainer trains Qwen3-MoE at EP 1 and TP 1; the engines take vLLM's expert parallelism
-    "expert_model_parallel_size": Refused(("--expert-model-parallel-size", "2"), "vime simulate"),
-    "expert_tensor_parallel_size": Refused(("--expert-tensor-parallel-size", "1"), "vime simulate"),
+    # MoE (issue 21): the real trainer trains Qwen3-MoE at any EP × ETP (MegatronActor.setup), the engines take
+    # vLLM's expert parallelism
+    "expert_model_parallel_size": Effect(("--expert-model-parallel-size", "2"),
+                                         P.actor_field("expert_model_parallel_size"),
+                                         base=("--hf-checkpoint", "{moe}"), drop=("--hf-checkpoint",)),
+    "expert_tensor_parallel_size": Effect(("--expert-tensor-parallel-size", "1"),
+                                          P.actor_field("expert_tensor_parallel_size"),
+                                          base=("--hf-checkpoint", "{moe}"), drop=("--hf-checkpoint",)),
     "enable_expert_parallel": Effect(("--enable-expert-parallel",), P.server),
     "bf16": Effect(("--bf16",), P.model),
     "fp16": Effect(("--fp16",), P.optimizer),

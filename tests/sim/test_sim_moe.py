@@ -193,8 +193,32 @@ def test_expert_parallel_flags_are_validated():
         _resolve("--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "4")
     with pytest.raises(ConfigError, match="--moe-load-imbalance"):
         _resolve("--moe-load-imbalance", "0.5")
-    with pytest.raises(ConfigError, match="EP 1 and TP 1 only"):
-        parse_args(["train", "--backend", "real", "--hf-checkpoint", "/x", "--expert-model-parallel-size", "2"])
+
+
+def test_real_backend_takes_expert_parallelism_the_checkpoint_allows(tmp_path):
+    """Issue 21: the real trainer loads, trains and exports at EP and ETP > 1; a layout the checkpoint's
+    config.json rules out is refused at parse time in one line naming the flag."""
+    moe, dense = tmp_path / "moe", tmp_path / "dense"
+    moe.mkdir()
+    dense.mkdir()
+    (moe / "config.json").write_text(json.dumps({**TINY_MOE, "num_experts": 6, "moe_intermediate_size": 30}))
+    (dense / "config.json").write_text(json.dumps({**{k: v for k, v in TINY_MOE.items() if "expert" not in k},
+                                                   "model_type": "qwen3"}))
+
+    def real(path, *flags: str):
+        return parse_args(["train", "--backend", "real", "--hf-checkpoint", str(path), "--actor-num-gpus-per-node",
+                           "4", "--rollout-batch-size", "4", *flags])
+
+    args = real(moe, "--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2")
+    assert (args.expert_model_parallel_size, args.tensor_model_parallel_size) == (2, 2)
+    assert real(moe, "--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "2")
+    for path, flags, needle in (
+            (moe, ("--expert-tensor-parallel-size", "4"), "--expert-tensor-parallel-size 4 does not divide the expert width 30"),
+            (moe, ("--expert-model-parallel-size", "4"), "--expert-model-parallel-size 4 does not divide the 6 experts"),
+            (dense, ("--expert-model-parallel-size", "2"), "is dense")):
+        with pytest.raises(ConfigError, match=needle) as err:
+            real(path, *flags)
+        assert "\n" not in str(err.value) and "--expert-" in str(err.value)
 
 
 @pytest.mark.parametrize("ep,etp,tp,needle", [

@@ -264,12 +264,25 @@ def _expert_parallelism(v: dict[str, Any], actor_gpus: int) -> None:
     _need(v["moe_load_imbalance"] >= 1.0,
           f"--moe-load-imbalance {v['moe_load_imbalance']} is below 1 (the busiest rank gets at least the mean); "
           f"give a value ≥ 1")
-    moe_flags = [f for f, on in (("--expert-model-parallel-size", ep > 1),
-                                 ("--expert-tensor-parallel-size", v["expert_tensor_parallel_size"] is not None))
-                 if on]
-    _need(not (moe_flags and v["backend"] == "real"),
-          f"{' and '.join(moe_flags)}: the real Megatron trainer trains MoE models at EP 1 and TP 1 only (its "
-          f"expert-parallel load and export are not written); use `vime simulate` or --backend sim, or drop the flag")
+    if v["backend"] == "real" and (ep > 1 or v["expert_tensor_parallel_size"] is not None):
+        _real_expert_layout(v, actor_gpus, ep, etp)
+
+
+def _real_expert_layout(v: dict[str, Any], actor_gpus: int, ep: int, etp: int) -> None:
+    """The real trainer's expert layout against --hf-checkpoint's config.json when it is there (the
+    trainer checks it again where it builds the model): EP divides the experts, ETP their width."""
+    from vime.inputs import read_json
+    from vime.sim.models import ModelSpec
+    from vime.sim.moe import check_expert_parallel
+
+    path = v["hf_checkpoint"]
+    file = os.path.join(path, "config.json") if path else ""
+    if not os.path.isfile(file):
+        return
+    model = ModelSpec.from_hf_config(read_json(file, what="--hf-checkpoint", missing_hint=""), name=f"--hf-checkpoint {path}",
+                                     source=file)
+    check_expert_parallel(model, world=actor_gpus, tp=v["tensor_model_parallel_size"],
+                          pp=v["pipeline_model_parallel_size"], ep=ep, etp=etp)
 
 
 def _batches(v: dict[str, Any]) -> None:

@@ -48,13 +48,16 @@ def test_moe_round_trip_is_exact(tmp_path: Path):
         assert torch.equal(back[name], hf[name]), name
 
 
-def test_trainer_takes_qwen3_moe_at_tp1_and_refuses_other_moe_families(tmp_path: Path):
+def test_trainer_takes_qwen3_moe_and_refuses_other_moe_families(tmp_path: Path):
     cfg, _ = _tiny_moe(tmp_path)
     spec = mmodel.spec_from_hf_config(cfg)
     assert (spec.num_experts, spec.moe_top_k, spec.moe_intermediate_size) == (4, 2, 16)
-    spec.check_tp(1)
-    with pytest.raises(ConfigError, match="sequence parallelism"):
-        spec.check_tp(2)
+    spec.check_tp(2)
+    spec.check_experts(4, 2)
+    with pytest.raises(ConfigError, match="--expert-model-parallel-size 3 does not divide the 4 experts"):
+        spec.check_experts(3, 1)
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 3 does not divide the expert width 16"):
+        spec.check_experts(1, 3)
     mixtral = {k: v for k, v in cfg.items() if k not in ("num_experts", "moe_intermediate_size")}
     with pytest.raises(ConfigError, match="maps qwen3_moe"):
         mmodel.spec_from_hf_config({**mixtral, "model_type": "mixtral", "num_local_experts": 4})

@@ -25,19 +25,9 @@ def _run(coro):
 
 
 @pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory: pytest.TempPathFactory):
-    from vime.testing.tiny_model import TinyModelSpec
-    from vime.testing.tiny_moe import build_tiny_qwen3_moe
-
-    spec = TinyModelSpec(hidden_size=64, intermediate_size=128, max_position_embeddings=256, corpus_lines=300)
-    return build_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny_moe"), spec, num_experts=4, top_k=2,
-                                moe_intermediate_size=64)
-
-
-@pytest.fixture(scope="module")
-def trainer(ray_local, moe_dir):
-    cfg = ActorConfig(hf_config=mmodel.load_hf_config(str(moe_dir)), hf_checkpoint=str(moe_dir), lr=LR, seed=7,
-                      tensor_model_parallel_size=1)
+def trainer(ray_local, tiny_moe_dir):
+    cfg = ActorConfig(hf_config=mmodel.load_hf_config(str(tiny_moe_dir)), hf_checkpoint=str(tiny_moe_dir), lr=LR,
+                      seed=7, tensor_model_parallel_size=1)
     t = MegatronTrainer.launch(cfg, 1, actor_num_cpus=0.25)
     yield t
     t.shutdown()
@@ -56,8 +46,9 @@ def _hf_logits(path) -> torch.Tensor:
         return hf(torch.tensor(eval_rows())).logits
 
 
-def test_moe_trainer_loads_trains_and_exports(trainer, moe_dir, tmp_path):
-    torch.testing.assert_close(_run(trainer.full_logits(eval_rows())), _hf_logits(moe_dir), atol=1e-4, rtol=1e-4)
+def test_moe_trainer_loads_trains_and_exports(trainer, tiny_moe_dir, tmp_path):
+    torch.testing.assert_close(_run(trainer.full_logits(eval_rows())), _hf_logits(tiny_moe_dir), atol=1e-4,
+                               rtol=1e-4)
     before = _p_chosen(trainer)
 
     async def train():

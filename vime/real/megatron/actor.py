@@ -25,7 +25,14 @@ import torch
 from vime.errors import ConfigError, TrainerError
 from vime.real.megatron import compat
 from vime.real.megatron import model as mmodel
-from vime.real.megatron.batches import MicroBatch, log_prob_micro_batches, run_schedule, train_micro_batches
+from vime.real.megatron.batches import (
+    MicroBatch,
+    log_prob_micro_batches,
+    moe_widths,
+    padded_rows,
+    run_schedule,
+    train_micro_batches,
+)
 from vime.real.megatron.build import build_model, init_communicators, join_process_group
 from vime.real.megatron.loss import TokenScorer, policy_loss, response_slice
 from vime.real.megatron.offload import (
@@ -40,6 +47,7 @@ from vime.real.megatron.reference import ReferenceModel
 from vime.real.megatron.weight_calls import WeightCalls
 from vime.real.megatron.weights import ActorWeights
 from vime.real.ports import free_port
+from vime.sim.moe import effective_expert_tp
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,6 +59,8 @@ class ActorConfig:
     hf_config: dict[str, Any]
     hf_checkpoint: str | None = None  # load these HF safetensors; random init when None
     tensor_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1  # MoE: EP splits the routed experts (whole ones) over ranks
+    expert_tensor_parallel_size: int | None = None  # None: vime.sim.moe.effective_expert_tp (1 with EP, else TP)
     use_distributed_optimizer: bool = False
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -145,6 +155,9 @@ class MegatronActor(WeightCalls):
         self.spec.check_tp(tp)
         self.tp = tp
         self.dp = world_size // tp
+        self.ep = cfg.expert_model_parallel_size
+        self.etp = effective_expert_tp(tp, self.ep, cfg.expert_tensor_parallel_size)
+        self.spec.check_experts(self.ep, self.etp, world_size)
         self.cpu = not torch.cuda.is_available()
         self.offload: Any = None
         self.asleep = False
@@ -192,29 +205,36 @@ class MegatronActor(WeightCalls):
         from megatron.core import parallel_state as ps
 
         with compat.device_mode():
-            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp)
-            compat.model_parallel_seed(self.cfg.seed, ps.get_tensor_model_parallel_rank())
+            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, expert_model_parallel_size=self.ep,
+                                         expert_tensor_parallel_size=self.etp)
             self.tp_rank = ps.get_tensor_model_parallel_rank()
             self.dp_rank = ps.get_data_parallel_rank()
+            self.ep_rank = ps.get_expert_model_parallel_rank()
+            self.etp_rank = ps.get_expert_tensor_parallel_rank()
+            compat.model_parallel_seed(self.cfg.seed, self.tp_rank, self.ep_rank, self.etp_rank)
             self.scorer = TokenScorer(self.spec.vocab_size, self.tp_rank, self.cfg.rollout_temperature)
             if not self.cpu:
                 init_communicators(ps, self._device())
             self.offload = make_offload_backend(self.cfg.offload_backend, self.cfg.train_offload_plan)
-            built = build_model(self.spec, self.cfg, tp=self.tp, cpu=self.cpu, offload=self.offload)
+            built = build_model(self.spec, self.cfg, tp=self.tp, ep=self.ep, etp=self.etp, cpu=self.cpu,
+                                offload=self.offload)
             self.tf_config, self.model, self.optimizer = built.tf_config, built.model, built.optimizer
             self._adam_state_up_front = built.adam_state_up_front
+            self._align = moe_widths(self.tf_config, self._device())
+            experts = dict(ep=self.ep, ep_rank=self.ep_rank, etp=self.etp, etp_rank=self.etp_rank)
             self.weights = ActorWeights(
                 model=self.model, optimizer=self.optimizer, spec=self.spec, hf_config=self.cfg.hf_config,
                 rank=self.rank, tp=self.tp, tp_rank=self.tp_rank, dp=self.dp,
-                distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device())
+                distributed_optimizer=self.cfg.use_distributed_optimizer, device=self._device(), **experts)
             if self.cfg.hf_checkpoint:
                 self.load_hf(self.cfg.hf_checkpoint)
             self.reference = None
             if self.cfg.use_kl_loss or self.cfg.kl_coef > 0:
                 self.reference = ReferenceModel(self.spec, self.cfg, tp=self.tp, tp_rank=self.tp_rank, cpu=self.cpu,
-                                                offload=self.offload, path=self.cfg.ref_load, policy=self.module)
+                                                offload=self.offload, path=self.cfg.ref_load, policy=self.module,
+                                                align=self._align, **experts)
             self.backup_weights()
-        return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank,
+        return {"rank": self.rank, "tp_rank": self.tp_rank, "dp_rank": self.dp_rank, "ep_rank": self.ep_rank,
                 "setup_s": time.perf_counter() - t0, "params": self.num_params(),
                 "offload_backend": self.offload.name}
 
@@ -261,7 +281,7 @@ class MegatronActor(WeightCalls):
 
         with compat.device_mode(), torch.no_grad():
             self.model.eval()
-            run_schedule(self.model, log_prob_micro_batches(batch, groups, self._device()), True, collect)
+            run_schedule(self.model, self._align(log_prob_micro_batches(batch, groups, self._device())), True, collect)
             self.model.train()
         return [out[i] for i in range(len(batch.tokens))]
 
@@ -293,8 +313,9 @@ class MegatronActor(WeightCalls):
             grad_norms, tokens = [], 0
             loss_fn = partial(policy_loss, self.cfg, self.scorer)
             for step in range(len(num_mb)):
-                mbs = train_micro_batches(batch, batch.micro_batches(step), old, self._device(), advantages=advantages,
-                                          rollout_log_probs=rollout, ref_log_probs=ref)
+                mbs = self._align(train_micro_batches(batch, batch.micro_batches(step), old, self._device(),
+                                                      advantages=advantages, rollout_log_probs=rollout,
+                                                      ref_log_probs=ref))
                 tokens += sum(int(mb.tokens.numel()) for mb in mbs)
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
@@ -400,14 +421,14 @@ class MegatronActor(WeightCalls):
         """Full-vocabulary logits [b, s, vocab] (TP-gathered) for equal-length rows."""
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-        ids = torch.as_tensor([list(t) for t in tokens], dtype=torch.long, device=self._device())
-        pos = torch.arange(ids.shape[1], device=self._device()).unsqueeze(0).expand_as(ids).contiguous()
+        width = len(tokens[0])  # MoE layers under TP take a multiple of TP (sequence parallelism)
+        ids, pos = padded_rows(tokens, self.tp if self.spec.num_experts else 1, self._device())
         with compat.device_mode(), torch.no_grad():
             self.model.eval()
             logits = self.model(ids, pos, None)
             self.model.train()
             full = gather_from_tensor_model_parallel_region(logits)
-        return full[..., : self.spec.vocab_size].float().cpu()
+        return full[:, :width, : self.spec.vocab_size].float().cpu()
 
     def memory(self) -> dict[str, float]:
         """Resident memory of this process (MiB) and peak CUDA memory when on a GPU."""

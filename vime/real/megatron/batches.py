@@ -54,6 +54,51 @@ def make_micro_batch(tokens: Sequence[Sequence[int]], response_lengths: Sequence
                       rows=list(rows))
 
 
+def pad_width(mb: MicroBatch, width: int) -> MicroBatch:
+    """`mb` right-padded to `width` columns (pad tokens come after every real one, so causal attention
+    and the per-token experts leave the real tokens' logits unchanged)."""
+    extra = width - mb.tokens.shape[1]
+    if extra < 0:
+        raise TrainerError(f"cannot pad a micro-batch of width {mb.tokens.shape[1]} to {width}")
+    if extra:
+        b, dev = mb.tokens.shape[0], mb.tokens.device
+        mb.tokens = torch.cat([mb.tokens, torch.zeros(b, extra, dtype=mb.tokens.dtype, device=dev)], dim=1)
+        mb.position_ids = torch.arange(width, dtype=torch.long, device=dev).unsqueeze(0).expand(b, -1).contiguous()
+    return mb
+
+
+def padded_rows(rows: Sequence[Sequence[int]], multiple: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [b, s] of equal-length `rows`, right-padded to a multiple of `multiple`, and their positions."""
+    width = -(-len(rows[0]) // multiple) * multiple
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    ids[:, : len(rows[0])] = torch.as_tensor([list(r) for r in rows], dtype=torch.long)
+    pos = torch.arange(width, dtype=torch.long).unsqueeze(0).expand(len(rows), -1).contiguous()
+    return ids.to(device), pos.to(device)
+
+
+def moe_widths(tf_config: Any, device: torch.device) -> Callable[[list[MicroBatch]], list[MicroBatch]]:
+    """For a model of `tf_config`: a function padding micro-batches to the widths its MoE layers take, a
+    multiple of TP (sequence parallelism splits the sequence) and, under the all-gather token dispatcher,
+    the same on every rank of the expert group, which stacks their tokens (collective over that group)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    tp = tf_config.tensor_model_parallel_size
+    agree = (tf_config.num_moe_experts and tf_config.moe_token_dispatcher_type == "allgather"
+             and tf_config.expert_model_parallel_size * tf_config.expert_tensor_parallel_size > 1)
+
+    def align(mbs: list[MicroBatch]) -> list[MicroBatch]:
+        if not tf_config.num_moe_experts:
+            return mbs
+        widths = torch.tensor([mb.tokens.shape[1] for mb in mbs], dtype=torch.long, device=device)
+        if agree:
+            dist.all_reduce(widths, op=dist.ReduceOp.MAX, group=ps.get_expert_tensor_and_model_parallel_group())
+        return [pad_width(mb, -(-int(w) // tp) * tp) for mb, w in zip(mbs, widths.tolist(), strict=True)]
+
+    return align
+
+
 def train_micro_batches(batch: Any, groups: Sequence[Sequence[int]], old_log_probs: Sequence[torch.Tensor] | None,
                         device: torch.device, *, advantages: Sequence[torch.Tensor],
                         rollout_log_probs: Sequence[torch.Tensor] | None = None,

@@ -92,7 +92,8 @@ def model_settings(cfg: ActorConfig) -> dict[str, Any]:
     return {"dtype": cfg.torch_dtype, **mmodel.recompute_overrides(cfg.recompute_granularity)}
 
 
-def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool, offload: Any) -> Built:
+def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool, offload: Any, ep: int = 1,
+                etp: int | None = None) -> Built:
     """GPTModel, DDP and Megatron's optimizer, each allocated under its offload tag (params, grads, optimizer)."""
     from megatron.core.distributed import (
         DistributedDataParallel,
@@ -101,7 +102,7 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
     )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    tf_config = mmodel.transformer_config(spec, tp=tp, cpu_init=cpu, calculate_per_token_loss=False,
+    tf_config = mmodel.transformer_config(spec, tp=tp, ep=ep, etp=etp, cpu_init=cpu, calculate_per_token_loss=False,
                                           **model_settings(cfg))
     with offload.region("params"):
         module = mmodel.build_gpt_model(spec, tf_config)

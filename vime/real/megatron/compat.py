@@ -28,6 +28,8 @@ PINNED_MEGATRON_VERSION = "0.16.1"
 
 #: The RNG stream Megatron forks for tensor-parallel regions (its name in megatron-core).
 MODEL_PARALLEL_RNG = "model-parallel-rng"
+#: The RNG stream Megatron forks to initialise an expert-parallel rank's experts.
+EXPERT_PARALLEL_RNG = "expert-parallel-rng"
 
 _lock = threading.Lock()
 _depth = 0
@@ -283,8 +285,8 @@ def device_mode() -> Iterator[None]:
         yield
 
 
-def model_parallel_seed(seed: int, tp_rank: int) -> None:
-    """Seed the default generator and Megatron's model-parallel stream (megatron's
+def model_parallel_seed(seed: int, tp_rank: int, ep_rank: int = 0, etp_rank: int = 0) -> None:
+    """Seed the default generator and Megatron's model-parallel and expert-parallel streams (megatron's
     `model_parallel_cuda_manual_seed` on GPU; the CPU tracker when the layer is installed)."""
     import megatron.core.tensor_parallel.random as mrandom
 
@@ -292,7 +294,52 @@ def model_parallel_seed(seed: int, tp_rank: int) -> None:
     if is_installed():
         tracker = mrandom.get_cuda_rng_tracker()
         tracker.reset()
-        # Same offset convention as Megatron: each TP rank gets its own dropout stream.
+        # Same offsets as Megatron: each TP rank its own dropout stream, each EP × ETP rank its experts' init.
         tracker.add(MODEL_PARALLEL_RNG, seed + 2718 + tp_rank)
+        tracker.add(EXPERT_PARALLEL_RNG, seed + 1024 + 100 * ep_rank + etp_rank)
     else:
         mrandom.model_parallel_cuda_manual_seed(seed)
+
+
+class SequenceParallelTorchNorm:
+    """megatron-core's torch norm (`WrappedTorchNorm`) under sequence parallelism, which it refuses.
+
+    A norm is per token, so its forward is the same on a slice of the sequence; what sequence
+    parallelism changes is the backward: each TP rank's weight gradient covers its slice only.
+    Marking the weight ``sequence_parallel`` makes `finalize_model_grads` sum it over TP, which is
+    what TransformerEngine's and Apex's norms do. Needed for MoE layers under TP (see `block_spec`).
+    """
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> Any:
+        import copy
+
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        norm = WrappedTorchNorm(plain, hidden_size, eps, **kwargs)
+        for p in norm.parameters():
+            p.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def block_spec(layer_spec: Any, num_layers: int) -> Any:
+    """A TransformerBlock spec of `num_layers` layers of `layer_spec` whose torch norms (and the final
+    one) accept sequence parallelism (`SequenceParallelTorchNorm`)."""
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    def swap(node: Any) -> Any:
+        if node is WrappedTorchNorm:
+            return SequenceParallelTorchNorm
+        if isinstance(node, ModuleSpec):
+            return dataclasses.replace(node, submodules=swap(node.submodules))
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            return dataclasses.replace(node, **{f.name: swap(getattr(node, f.name)) for f in dataclasses.fields(node)
+                                                if f.init})
+        return node
+
+    return TransformerBlockSubmodules(layer_specs=[swap(layer_spec)] * num_layers, layer_norm=SequenceParallelTorchNorm)

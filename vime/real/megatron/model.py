@@ -20,7 +20,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -34,7 +34,7 @@ from vime.real.megatron import moe_mapping
 
 #: HF `model_type`s whose dense decoder this module maps (the seed's model families).
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
-#: MoE `model_type`s whose weights this module maps (`moe_mapping`) and whose layers it builds (TP 1, EP 1).
+#: MoE `model_type`s whose weights this module maps (`moe_mapping`) and whose layers it builds (any TP, EP, ETP).
 MOE_MAPPED_MODEL_TYPES = ("qwen3_moe",)
 
 
@@ -76,9 +76,6 @@ class ModelSpec:
         """TP must divide the query groups and the MLP width, or the shards are not whole."""
         if tp < 1:
             raise ConfigError(f"--tensor-model-parallel-size must be >= 1, got {tp}")
-        if self.num_experts and tp > 1:
-            raise ConfigError(f"--tensor-model-parallel-size {tp}: Megatron's MoE layers with TP > 1 need sequence "
-                              f"parallelism, which vime's trainer does not turn on; use TP 1 for MoE models")
         if self.num_kv_heads % tp:
             raise ConfigError(
                 f"--tensor-model-parallel-size {tp} does not divide num_key_value_heads "
@@ -88,6 +85,23 @@ class ModelSpec:
             raise ConfigError(
                 f"--tensor-model-parallel-size {tp} does not divide intermediate_size {self.intermediate_size}"
             )
+
+    def check_experts(self, ep: int, etp: int, world: int | None = None) -> None:
+        """EP must divide the routed experts, ETP each expert's width, EP × ETP the `world` of ranks when
+        given (a dense model takes EP = 1)."""
+        if world is not None and world % (ep * etp):
+            raise ConfigError(f"{world} trainer ranks cannot be split into expert groups of "
+                              f"--expert-model-parallel-size {ep} × --expert-tensor-parallel-size {etp}")
+        if not self.num_experts:
+            if ep != 1:
+                raise ConfigError(f"--expert-model-parallel-size {ep}: the model is dense (no experts); leave it at 1")
+            return
+        if ep < 1 or self.num_experts % ep:
+            raise ConfigError(f"--expert-model-parallel-size {ep} does not divide the {self.num_experts} experts; "
+                              f"use a divisor of {self.num_experts}")
+        if etp < 1 or self.moe_intermediate_size % etp:
+            raise ConfigError(f"--expert-tensor-parallel-size {etp} does not divide the expert width "
+                              f"{self.moe_intermediate_size} (moe_intermediate_size); use a divisor of it")
 
 
 def spec_from_hf_config(cfg: Mapping[str, Any], *, source: str = "--hf-checkpoint config.json") -> ModelSpec:
@@ -135,11 +149,14 @@ def load_hf_config(path: str) -> dict[str, Any]:
 
 
 def transformer_config(spec: ModelSpec, *, tp: int, dtype: torch.dtype = torch.float32,
-                       cpu_init: bool = False, **overrides: Any) -> Any:
-    """Megatron `TransformerConfig` for `spec` (local layer spec: no TransformerEngine)."""
+                       cpu_init: bool = False, ep: int = 1, etp: int | None = None, **overrides: Any) -> Any:
+    """Megatron `TransformerConfig` for `spec` (local layer spec: no TransformerEngine); `ep` / `etp`
+    are the expert-parallel sizes parallel_state was initialised with (`etp` None: TP, Megatron's default)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     spec.check_tp(tp)
+    etp = tp if etp is None else etp
+    spec.check_experts(ep, etp)
     kwargs: dict[str, Any] = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -169,6 +186,9 @@ def transformer_config(spec: ModelSpec, *, tp: int, dtype: torch.dtype = torch.f
         kwargs.update(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_top_k,
                       moe_ffn_hidden_size=spec.moe_intermediate_size, moe_router_pre_softmax=False,
                       moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
+                      expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+                      # Megatron refuses to train MoE layers under TP without it (MoELayer.forward)
+                      sequence_parallel=tp > 1,
                       # the all-to-all dispatcher makes CUDA streams; the all-gather one runs on CPU too
                       moe_token_dispatcher_type="alltoall" if torch.cuda.is_available() else "allgather")
     kwargs.update(overrides)
@@ -195,8 +215,12 @@ def build_gpt_model(spec: ModelSpec, config: Any) -> Any:
         from vime.real.megatron import compat
 
         compat.moe_without_te()
-    layer_spec = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
-                                          qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    layer_spec: Any = get_gpt_layer_local_spec(num_experts=spec.num_experts or None, moe_grouped_gemm=False,
+                                               qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    if config.sequence_parallel:
+        from vime.real.megatron import compat
+
+        layer_spec = compat.block_spec(layer_spec, spec.num_layers)
     return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec,
@@ -386,8 +410,10 @@ def hf_to_megatron(spec: ModelSpec, hf: Mapping[str, torch.Tensor], *, tp: int =
 # --------------------------------------------------------------------------------------------
 
 
-def read_hf_safetensors(path: str) -> dict[str, torch.Tensor]:
-    """Every tensor of an HF checkpoint directory (single file or sharded with an index)."""
+def read_hf_safetensors(path: str, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory (single file or sharded with an index), or those
+    whose name `keep` accepts (the others are never read: an EP rank skips other ranks' experts)."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
@@ -395,7 +421,11 @@ def read_hf_safetensors(path: str) -> dict[str, torch.Tensor]:
         raise ConfigError(f"--hf-checkpoint {path!r} holds no *.safetensors files")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        out.update(load_file(os.path.join(path, f)))
+        if keep is None:
+            out.update(load_file(os.path.join(path, f)))
+            continue
+        with safe_open(os.path.join(path, f), framework="pt") as fh:
+            out.update({k: fh.get_tensor(k) for k in fh.keys() if keep(k)})  # noqa: SIM118 - safe_open has no __iter__
     return out
 
 

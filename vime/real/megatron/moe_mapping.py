@@ -102,6 +102,12 @@ def to_global(name: str, *, ep_rank: int, ep: int, num_experts: int) -> str:
     return _with_index(name, ep_rank * (num_experts // ep) + j)
 
 
+def hf_held(hf_name: str, *, ep_rank: int, ep: int, num_experts: int) -> bool:
+    """Whether EP rank `ep_rank` needs HF tensor `hf_name` (any name but another rank's routed expert)."""
+    m = re.search(r"\.mlp\.experts\.(\d+)\.", hf_name)
+    return m is None or int(m.group(1)) // (num_experts // ep) == ep_rank
+
+
 def ep_shards(full: Mapping[str, torch.Tensor], *, ep: int, num_experts: int) -> list[dict[str, torch.Tensor]]:
     """What each EP rank holds of a Megatron-full state (its experts under local names, the rest whole)."""
     if num_experts % ep:

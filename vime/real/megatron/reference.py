@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,8 +22,10 @@ class ReferenceModel:
     and comes back with it; no gradients, no optimizer state."""
 
     def __init__(self, spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, tp_rank: int, cpu: bool,
-                 offload: Any, path: str | None, policy: Any = None) -> None:
-        tf_config = mmodel.transformer_config(spec, tp=tp, dtype=cfg.torch_dtype, cpu_init=cpu,
+                 offload: Any, path: str | None, policy: Any = None, ep: int = 1, ep_rank: int = 0,
+                 etp: int | None = None, etp_rank: int = 0,
+                 align: Callable[[list[MicroBatch]], list[MicroBatch]] | None = None) -> None:
+        tf_config = mmodel.transformer_config(spec, tp=tp, ep=ep, etp=etp, dtype=cfg.torch_dtype, cpu_init=cpu,
                                               calculate_per_token_loss=False)
         with offload.region("params"):
             module = mmodel.build_gpt_model(spec, tf_config)
@@ -34,7 +36,7 @@ class ReferenceModel:
         for p in module.parameters():
             p.requires_grad_(False)
         if path is not None:
-            load_hf_into(module, spec, path, tp=tp, tp_rank=tp_rank)
+            load_hf_into(module, spec, path, tp=tp, tp_rank=tp_rank, ep=ep, ep_rank=ep_rank, etp=etp, etp_rank=etp_rank)
         elif policy is not None:  # the policy's weights as they are now (its initial ones)
             src = dict(policy.named_parameters())
             with torch.no_grad():
@@ -42,6 +44,8 @@ class ReferenceModel:
                     p.copy_(src[name])
         module.eval()
         self.module = module
+        # pads the micro-batches as the policy's are padded (MoE layouts: batches.moe_widths)
+        self.align = align
         self.source = path or "the initial policy"
 
     def log_probs(self, batch: Any, groups: Sequence[Sequence[int]], scorer: TokenScorer,
@@ -56,5 +60,6 @@ class ReferenceModel:
             return logp.sum() * 0.0, {}
 
         with torch.no_grad():
-            run_schedule(self.module, log_prob_micro_batches(batch, groups, device), True, collect)
+            mbs = log_prob_micro_batches(batch, groups, device)
+            run_schedule(self.module, self.align(mbs) if self.align else mbs, True, collect)
         return [out[i] for i in range(len(batch.tokens))]

@@ -12,7 +12,7 @@ import torch
 
 from vime.errors import ConfigError, TrainerError
 from vime.protocols import WeightBucket
-from vime.real.megatron import compat
+from vime.real.megatron import compat, moe_mapping
 from vime.real.megatron import model as mmodel
 from vime.real.megatron.offload import inner_optimizers
 from vime.real.weights import ipc
@@ -40,7 +40,8 @@ class ActorWeights:
 
     def __init__(self, *, model: Any, optimizer: Any, spec: mmodel.ModelSpec, hf_config: dict[str, Any],
                  rank: int, tp: int, tp_rank: int, dp: int, distributed_optimizer: bool,
-                 device: torch.device) -> None:
+                 device: torch.device, ep: int = 1, ep_rank: int = 0, etp: int | None = None,
+                 etp_rank: int = 0) -> None:
         self.model = model
         self.optimizer = optimizer
         self.spec = spec
@@ -49,6 +50,10 @@ class ActorWeights:
         self.tp = tp
         self.tp_rank = tp_rank
         self.dp = dp
+        self.ep = ep
+        self.ep_rank = ep_rank
+        self.etp = tp if etp is None else etp
+        self.etp_rank = etp_rank
         self.distributed_optimizer = distributed_optimizer
         self.device = device
         self.cpu = device.type == "cpu"
@@ -77,28 +82,49 @@ class ActorWeights:
             torch.cuda.synchronize()
 
     # --- HF export (seed step 48) -----------------------------------------------------------------
-    def _gather_full(self, name: str, local: torch.Tensor) -> torch.Tensor:
-        """Megatron-full tensor of `name` from every TP rank's shard (collective over TP)."""
+    def _all_gather(self, local: torch.Tensor, size: int, group: Any) -> list[torch.Tensor]:
         import torch.distributed as dist
+
+        t = local if self.cpu else local.to(self.device)
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return [p.cpu() for p in parts]
+
+    def _gather_full(self, name: str, local: torch.Tensor) -> torch.Tensor:
+        """Megatron-full tensor of `name` from every TP rank's shard (collective over TP); a routed
+        expert's from every ETP rank's (collective over ETP), still under this EP rank's local index."""
         from megatron.core import parallel_state as ps
 
-        if self.tp == 1 or mmodel.partition_dim(name) is None:
+        if moe_mapping.expert_index(name) is not None:
+            size, group = self.etp, (ps.get_expert_tensor_parallel_group() if self.etp > 1 else None)
+        else:
+            size, group = self.tp, (ps.get_tensor_model_parallel_group() if self.tp > 1 else None)
+        if size == 1 or mmodel.partition_dim(name) is None:
             return local
-        t = local if self.cpu else local.to(self.device)
-        parts = [torch.empty_like(t) for _ in range(self.tp)]
-        dist.all_gather(parts, t.contiguous(), group=ps.get_tensor_model_parallel_group())
-        return mmodel.unshard(name, [p.cpu() for p in parts])
+        return mmodel.unshard(name, self._all_gather(local, size, group))
+
+    def _gather_global(self, name: str, local: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """(Megatron-full name, full tensor) of `name`: one pair, or for a routed expert one per EP
+        rank, under its global index (collective over TP or ETP, then EP)."""
+        from megatron.core import parallel_state as ps
+
+        full = self._gather_full(name, local)
+        if self.ep == 1 or moe_mapping.expert_index(name) is None:
+            return [(name, full)]
+        parts = self._all_gather(full, self.ep, ps.get_expert_model_parallel_group())
+        return [(moe_mapping.to_global(name, ep_rank=r, ep=self.ep, num_experts=self.spec.num_experts), t)
+                for r, t in enumerate(parts)]
 
     def hf_state(self, from_backup: bool = True, *, cut_on_device: bool = False) -> dict[str, Any]:
-        """HF-named full tensors (collective over TP: every TP rank must call it). `cut_on_device`: the fused
+        """HF-named full tensors (collective over TP and EP: every rank must call it). `cut_on_device`: the fused
         QKV pieces stay `DeviceCut`s for the staging buffer to cut (the IPC export)."""
         source = self.backup_state if from_backup else {n: p.detach() for n, p in self.module.named_parameters()}
         out: dict[str, Any] = {}
         with compat.device_mode():
-            for name in mmodel.hf_export_order(self.spec, source):
-                full = self._gather_full(name, source[name])
-                for hf_name, t in mmodel.megatron_to_hf(self.spec, name, full, cut_on_device=cut_on_device):
-                    out[hf_name] = t if isinstance(t, ipc.DeviceCut) else t.contiguous()
+            for local_name in mmodel.hf_export_order(self.spec, source):
+                for name, full in self._gather_global(local_name, source[local_name]):
+                    for hf_name, t in mmodel.megatron_to_hf(self.spec, name, full, cut_on_device=cut_on_device):
+                        out[hf_name] = t if isinstance(t, ipc.DeviceCut) else t.contiguous()
         return out
 
     def export_buckets(self, bucket_bytes: int) -> list[WeightBucket]:
@@ -161,14 +187,18 @@ class ActorWeights:
     # --- HF load and checkpoints ------------------------------------------------------------------
     def load_hf(self, path: str) -> None:
         """Load HF safetensors from `path` into this rank's shards (HF → Megatron full → shard)."""
-        load_hf_into(self.module, self.spec, path, tp=self.tp, tp_rank=self.tp_rank)
+        load_hf_into(self.module, self.spec, path, tp=self.tp, tp_rank=self.tp_rank, ep=self.ep, ep_rank=self.ep_rank,
+                     etp=self.etp, etp_rank=self.etp_rank)
         # The optimizer may hold fp32 main copies of the params: refresh them from the model.
         reload = getattr(self.optimizer, "reload_model_params", None)
         if reload is not None:
             reload()
 
     def _layout(self) -> dict[str, Any]:
-        return {"tp": self.tp, "dp": self.dp, "rank": self.rank, "distributed_optimizer": self.distributed_optimizer}
+        layout = {"tp": self.tp, "dp": self.dp, "rank": self.rank, "distributed_optimizer": self.distributed_optimizer}
+        if self.ep > 1 or self.etp != self.tp:  # only then: checkpoints saved before EP existed still match
+            layout.update(ep=self.ep, etp=self.etp)
+        return layout
 
     def save_checkpoint(self, rollout_id: int, path: str) -> None:
         """Weights as HF safetensors (rank 0, TP shards gathered), each rank's optimizer state, and
@@ -224,17 +254,25 @@ def read_optimizer_state(path: str) -> dict[str, Any]:
     return saved
 
 
-def load_hf_into(module: Any, spec: mmodel.ModelSpec, path: str, *, tp: int, tp_rank: int) -> None:
-    """Copy an HF checkpoint's tensors into `module`'s parameters (this TP rank's shards)."""
-    hf = mmodel.read_hf_safetensors(path)
-    full = mmodel.hf_to_megatron(spec, hf, tp=tp)
+def load_hf_into(module: Any, spec: mmodel.ModelSpec, path: str, *, tp: int, tp_rank: int, ep: int = 1,
+                 ep_rank: int = 0, etp: int | None = None, etp_rank: int = 0) -> None:
+    """Copy an HF checkpoint's tensors into `module`'s parameters: this TP rank's shards, and of the
+    routed experts only this EP rank's (read from the checkpoint alone), split over ETP (None: TP)."""
+    etp = tp if etp is None else etp
+    experts = spec.num_experts
+    keep = None if ep == 1 else (lambda n: moe_mapping.hf_held(n, ep_rank=ep_rank, ep=ep, num_experts=experts))
+    full = mmodel.hf_to_megatron(spec, mmodel.read_hf_safetensors(path, keep), tp=tp)
     params = dict(module.named_parameters())
-    missing = sorted(set(params) - set(full))
+    # a local expert's Megatron-full name carries its global index
+    sources = {n: moe_mapping.to_global(n, ep_rank=ep_rank, ep=ep, num_experts=experts) if experts else n
+               for n in params}
+    missing = sorted(n for n, g in sources.items() if g not in full)
     if missing:
         raise TrainerError(f"HF checkpoint {path!r} lacks tensors for {missing[:4]}")
     with torch.no_grad():
         for name, p in params.items():
-            src = mmodel.shard(name, full[name], tp_rank, tp)
+            is_expert = moe_mapping.expert_index(name) is not None
+            src = mmodel.shard(name, full[sources[name]], etp_rank if is_expert else tp_rank, etp if is_expert else tp)
             if tuple(src.shape) != tuple(p.shape):
                 raise TrainerError(f"{name}: checkpoint shard {tuple(src.shape)} does not fit parameter "
                                    f"{tuple(p.shape)}; does the checkpoint match the HF config?")
