@@ -1055,6 +1055,11 @@ def _unmeasured_defaults(prof: dict) -> None:
         eff["trainer_call_s"] = 0.0
         src.setdefault("efficiency.trainer_call_s", "0 (the default): not measured; a trainer call's fixed cost (Ray "
                                                     "round trip, the rank's Python) is negligible next to a GPU step")
+    sw = prof.setdefault("software", {})
+    if "train_step_residue_bytes" not in sw:
+        sw["train_step_residue_bytes"] = 0
+        src.setdefault("software.train_step_residue_bytes", "0 (the default): not measured here; whole RL steps "
+                                                           "measure it (bench/fit_trainer_residue.py)")
     disk = prof.setdefault("disk", {})
     for f in _dc.fields(DiskCosts):
         if f.name not in disk:

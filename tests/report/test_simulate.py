@@ -156,7 +156,8 @@ def test_oom_verdict_names_gpu_tag_and_a_fix_that_the_simulator_confirms():
     assert not sim.fits
     sim.fixes = check_fixes(sim)
     doc = build_document(sim, deterministic=True)
-    assert "lower --micro-batch-size to 4: fits" in " ".join(sim.fixes)
+    # the colocated IPC staging buffer stays mapped (issue 17), so 4 falls 0.7 GiB short and 2 is the fix
+    assert "lower --micro-batch-size to 2: fits" in " ".join(sim.fixes)
     jsonschema.validate(doc, SIMULATE_SCHEMA)
     o = doc["verdict"]["oom"]
     assert o["short_by_gib"] > 0 and o["owner"] and o["tag"] and 0 <= o["gpu"] < 8

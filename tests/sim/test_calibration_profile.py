@@ -121,7 +121,9 @@ def test_rebuilt_profile_loads_and_writes_every_field(rebuilt: Path):
 
 def test_rebuilt_profile_agrees_with_the_hand_fitted_preset(rebuilt: Path):
     spec = load_hardware(str(rebuilt))
-    assert spec.software == PRESET.software == Software("unfused", 2, "torch", "torch", "unfused")
+    # the first-step residue is fitted on whole RL steps (bench/fit_trainer_residue.py), not on calibrate.py's inputs
+    assert spec.software == dataclasses.replace(PRESET.software, train_step_residue_bytes=0) \
+        == Software("unfused", 2, "torch", "torch", "unfused")
     ours, theirs = _numbers(spec), _numbers(PRESET)
     assert set(ours) == set(theirs) == set(TOLERANCE) | NOT_COMPARED
     off = {k: (ours[k], theirs[k]) for k, tol in TOLERANCE.items()

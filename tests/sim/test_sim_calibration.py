@@ -81,7 +81,9 @@ def test_measured_preset_records_its_provenance_and_software():
     assert {"machine", "driver", "date", "command"} <= set(prov)
     assert prov["driver"] == CAL["env"]["driver"]
     assert "calibrate.py" in prov["command"] and "H200" in prov["machine"]
-    assert MEASURED.software == Software("unfused", 2, "torch", "torch", "unfused")
+    assert MEASURED.software == Software("unfused", 2, "torch", "torch", "unfused",
+                                         train_step_residue_bytes=MEASURED.software.train_step_residue_bytes)
+    assert MEASURED.software.train_step_residue_bytes > 0  # bench/fit_trainer_residue.py
     # measured rates, not datasheet ones
     assert MEASURED.hbm_bytes_per_s == pytest.approx(CAL["hbm"]["bytes_per_s"])
     # the round trip keeps the new sections

@@ -309,7 +309,7 @@ def test_persistent_offload_buffers_make_the_second_sleep_cheaper_than_cold():
 
 
 def test_export_stages_each_bucket_on_every_gpu_until_the_consumer_moves_on():
-    tr, cl = _trainer(_seed_args())
+    tr, cl = _trainer(_seed_args(offload_train=False))  # not colocated: no CUDA IPC staging buffer
     _run(cl, tr.init())
     seen: list[tuple[int, list[int]]] = []
 
@@ -546,3 +546,70 @@ def test_both_offload_backends_park_the_state_tags_as_the_real_trainer_does():
     state = tr.state_bytes_per_gpu()
     assert parked["cumem"][0] == parked["torch_memory_saver"][0] == sum(state["params"]) + sum(state["optimizer"])
     assert parked["torch_memory_saver"][1] > parked["cumem"][1]  # cold pinning on every pause
+
+
+def _export_all(tr: SimTrainer, cl: SimCluster, bucket_bytes: int = GiB) -> list[int]:
+    async def consume() -> list[int]:
+        return [b.nbytes async for b in tr.export_weights(bucket_bytes)]
+
+    return _run(cl, consume())
+
+
+def test_colocated_export_keeps_one_staging_buffer_of_the_largest_bucket_from_the_first_sync_on():
+    """vime/real/weights/ipc.py: one buffer sized to the largest bucket, allocated by the first export outside
+    the offload regions and reused; it stays through sleep, wake and training (issue 17)."""
+    args = _seed_args()
+    tr, cl = _trainer(args)
+    _run(cl, tr.init())  # colocated: asleep afterwards
+    assert all(g.used("actor", "weight_buffer") == 0 for g in cl.gpus)
+    sizes = _export_all(tr, cl)
+    assert len(sizes) > 1 and len(set(sizes)) > 1  # buckets differ, so "the largest" means something
+    assert [g.used("actor", "weight_buffer") for g in cl.gpus] == [max(sizes)] * 8
+    _run(cl, tr.wake_up())
+    _run(cl, tr.train(0, _batch(args)))
+    _run(cl, tr.sleep())
+    assert [g.used("actor", "weight_buffer") for g in cl.gpus] == [max(sizes)] * 8
+    _export_all(tr, cl)  # a second sync reuses it
+    assert [g.used("actor", "weight_buffer") for g in cl.gpus] == [max(sizes)] * 8
+    assert max(g.peak("actor", "weight_buffer") for g in cl.gpus) == max(sizes)
+    _export_all(tr, cl, 2 * GiB)  # larger buckets: the small buffer goes, the larger one replaces it
+    grown = max(_export_all(tr, cl, 2 * GiB))
+    assert grown > max(sizes) and [g.used("actor", "weight_buffer") for g in cl.gpus] == [grown] * 8
+
+
+def test_first_train_step_leaves_the_profile_residue_mapped_through_every_later_sleep():
+    args = _seed_args()
+    residue = 3 * GiB // 2
+    hw = dataclasses.replace(H100, software=dataclasses.replace(H100.software, train_step_residue_bytes=residue))
+    tr, cl = _trainer(args, hw=hw)
+    _run(cl, tr.init())
+    _run(cl, tr.wake_up())
+    assert all(g.used("actor", "step_residue") == 0 for g in cl.gpus)
+    _run(cl, tr.train(0, _batch(args)))
+    assert [g.used("actor", "step_residue") for g in cl.gpus] == [residue] * 8
+    _run(cl, tr.sleep())  # not an offload tag: it stays while the engines generate
+    assert [g.used("actor", "step_residue") for g in cl.gpus] == [residue] * 8
+    _run(cl, tr.wake_up())
+    _run(cl, tr.train(1, _batch(args, 1)))  # once, not once per step
+    assert [g.used("actor", "step_residue") for g in cl.gpus] == [residue] * 8
+    bare, cl0 = _trainer(args)  # a profile without the figure: nothing
+    _run(cl0, bare.init())
+    _run(cl0, bare.wake_up())
+    _run(cl0, bare.train(0, _batch(args)))
+    assert all(g.used("actor", "step_residue") == 0 for g in cl0.gpus)
+
+
+def test_the_residue_must_be_whole_non_negative_bytes():
+    from vime.sim.hardware_parts import Software
+
+    for bad in (-1, 1.5, True, 1 << 41):
+        with pytest.raises(ConfigError, match="train_step_residue_bytes"):
+            Software(train_step_residue_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_the_h200_preset_carries_the_fitted_residue_of_record():
+    import json
+    from pathlib import Path
+
+    fit = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data" / "trainer_residue.json").read_text())
+    assert load_hardware("H200-141G-measured").software.train_step_residue_bytes == fit["train_step_residue_bytes"] > 0

@@ -36,18 +36,18 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 TAG_LABELS = {"kv_cache": "KV cache", "weights": "weights", "cuda_graph": "CUDA graphs", "runtime": "runtime",
               "context": "CUDA context", "params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
               "activations": "activations", "weight_buffer": "weight-sync buffer", "weight_backup": "weight backup",
-              "used": "in use (measured)"}
+              "step_residue": "first-step residue", "used": "in use (measured)"}
 _SERIES_COLORS = {
     ("engine", "weights"): "#2b5d8c", ("engine", "kv_cache"): "#8fbbe0", ("engine", "cuda_graph"): "#4f9a4a",
     ("engine", "runtime"): "#9fd48f", ("engine", "context"): "#6b8a9e",
     ("trainer", "params"): "#c23b3b", ("trainer", "grads"): "#f08c8c", ("trainer", "optimizer"): "#8c5a2b",
     ("trainer", "activations"): "#f28e2b", ("trainer", "weight_buffer"): "#f6c35b",
-    ("trainer", "weight_backup"): "#d37295", ("trainer", "context"): "#a5877a",
+    ("trainer", "weight_backup"): "#d37295", ("trainer", "context"): "#a5877a", ("trainer", "step_residue"): "#7f7f7f",
     ("gpu", "used"): "#4e79a7", ("host", "used"): "#9c755f",
 }
 #: Bottom-to-top stacking order: what lives longest sits lowest.
 _STACK_ORDER = ("context", "weights", "params", "optimizer", "grads", "runtime", "cuda_graph", "kv_cache",
-                "weight_backup", "weight_buffer", "activations", "used")
+                "weight_backup", "weight_buffer", "step_residue", "activations", "used")
 #: Call spans of the timeline, coloured like the phase they serve.
 CALL_COLORS = {"generate": "#4e79a7", "sleep": "#f28e2b", "allocator.sleep": "#f7b46b", "train": "#e15759",
                "wake_up": "#76b7b2", "allocator.wake_up": "#a8d5d1", "update_weights": "#59a14f",

@@ -46,7 +46,8 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_grad_bytes": 4,                    # main-grad bytes per parameter: 4 (fp32) or 2 (bf16)
         "train_optimizer": "fused",               # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
         "train_norm": "fused",                    # what RMSNorm keeps: "fused", "torch" or "torch_fp32_weight"
-        "train_elementwise": "fused"              # SwiGLU and RoPE kernels: "fused" or "unfused"
+        "train_elementwise": "fused",             # SwiGLU and RoPE kernels: "fused" or "unfused"
+        "train_step_residue_bytes": 0             # kept mapped by the trainer from its first train step (optional)
       },
       "device": "gpu",                            # "gpu" (default) or "cpu": see DEVICES (optional)
       "engine": {                                 # a vLLM server's fixed costs on this machine (optional;

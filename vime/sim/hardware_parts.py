@@ -172,8 +172,15 @@ class Software:
     train_optimizer: str = "fused"
     train_norm: str = "fused"
     train_elementwise: str = "fused"
+    #: Bytes the trainer process keeps mapped outside its offload pools from the end of its first train step
+    #: on (0: none modelled). A measured stack's figure, fitted by bench/fit_trainer_residue.py.
+    train_step_residue_bytes: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.train_step_residue_bytes, bool) or not isinstance(self.train_step_residue_bytes, int) \
+                or not 0 <= self.train_step_residue_bytes < 1 << 40:
+            raise ConfigError(f"software.train_step_residue_bytes must be an int of bytes in [0, 1 TiB), "
+                              f"got {self.train_step_residue_bytes!r}")
         if self.train_attention not in TRAIN_ATTENTION:
             raise ConfigError(f"software.train_attention must be one of {TRAIN_ATTENTION}, got {self.train_attention!r}")
         if self.train_grad_bytes not in (2, 4):

@@ -34,7 +34,7 @@ from vime.errors import ConfigError, TrainerError
 from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightBucket
 from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
 from vime.sim.trainer.cost_model import ActorCostModel
-from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
+from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_STEP_RESIDUE, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
 from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
@@ -78,6 +78,9 @@ class SimTrainer(ActorCostModel):
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
         self.offload_train = bool(placement.offload_train)
+        #: colocated: weights are published by CUDA IPC from one persistent staging buffer (seed steps 48–50)
+        self.colocated = bool(placement.colocate)
+        self.staging_bytes = 0
         self.reference_model = reference
         self.reuse_log_probs = reuse_log_probs
         self.seed = seed
@@ -240,6 +243,11 @@ class SimTrainer(ActorCostModel):
                 self.allocator.release("activations", transient)
             self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
         timings["actor_train_time"] = float(env.now) - t_train
+        if self.train_calls == 0:
+            # What the first train step leaves mapped outside the offload pools (sleep's empty_cache cannot
+            # return it): flat from then on in the 2026-12-02 H200 runs; size from the profile (Software).
+            for gpu in self.gpus:
+                gpu.alloc(self.name, TAG_STEP_RESIDUE, self.hw.software.train_step_residue_bytes)
         t_backup = float(env.now)
         await elapse(env, self._backup_seconds())  # seed step 41: weights_backuper.backup("actor")
         timings["weight_backup_time"] = float(env.now) - t_backup
@@ -288,11 +296,15 @@ class SimTrainer(ActorCostModel):
         env = self.cluster.env
         await self._call()
         await elapse(env, self._convert_seconds())
+        buckets = self._buckets(bucket_bytes)
+        if self.colocated:
+            self._reserve_staging(max((nbytes for _, _, nbytes in buckets), default=0))
         index = 0
-        for names, shapes, nbytes in self._buckets(bucket_bytes):
+        for names, shapes, nbytes in buckets:
             t0 = float(env.now)
-            for gpu in self.gpus:
-                gpu.alloc(self.name, TAG_WEIGHT_BUFFER, nbytes)
+            if not self.colocated:
+                for gpu in self.gpus:
+                    gpu.alloc(self.name, TAG_WEIGHT_BUFFER, nbytes)
             try:
                 # Each rank stages its shard from the CPU backup, then TP ranks gather full tensors.
                 await elapse(env, self._bucket_seconds(nbytes))
@@ -301,9 +313,21 @@ class SimTrainer(ActorCostModel):
                 yield WeightBucket(names=names, dtype_names=["bfloat16"] * len(names),
                                    shapes=[list(s) for s in shapes], nbytes=nbytes, index=index)
             finally:
-                for gpu in self.gpus:
-                    gpu.free(self.name, TAG_WEIGHT_BUFFER, nbytes)
+                if not self.colocated:
+                    for gpu in self.gpus:
+                        gpu.free(self.name, TAG_WEIGHT_BUFFER, nbytes)
             index += 1
+
+    def _reserve_staging(self, nbytes: int) -> None:
+        """The CUDA-IPC staging buffer (vime/real/weights/ipc.py `StagingBuffer.reserve`): sized to the largest
+        bucket, allocated by the first export outside the offload regions and kept, so it stays mapped through
+        every later sleep and rollout (the 2026-12-02 H200 runs: the start-up sync rises 1.0 GiB more than later ones)."""
+        if nbytes <= self.staging_bytes:
+            return
+        for gpu in self.gpus:
+            gpu.free(self.name, TAG_WEIGHT_BUFFER, self.staging_bytes)  # the smaller one goes first, as in reserve()
+            gpu.alloc(self.name, TAG_WEIGHT_BUFFER, nbytes)
+        self.staging_bytes = nbytes
 
     # --- checkpoints --------------------------------------------------------------------------
     async def save_checkpoint(self, rollout_id: int, path: str) -> None:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 #: GPU tags the trainer holds outside its allocator (never released).
 TAG_CONTEXT = "context"
 TAG_WEIGHT_BUFFER = "weight_buffer"
+#: What the first train step leaves mapped in the trainer process outside its offload pools (kept across sleeps).
+TAG_STEP_RESIDUE = "step_residue"
 #: Host tag of the CPU weight backup (seed step 41).
 TAG_WEIGHT_BACKUP = "weight_backup"
 #: Bytes per parameter of the state that lives on each rank.
