@@ -14,6 +14,13 @@ Each term is structural (one value for every model, batch and run) and fitted on
 3. (Until 2026-12-02, efficiency.hf_convert_bytes_per_s = 1.5 GB/s, fitted on the 4B run's export: the trainer
    split the fused QKV weights into fresh pageable host tensors. The trainer now cuts them on the GPU
    (vime.real.weights.ipc.DeviceCut) and the term is gone; the 2026-12-02 exports below were made the old way.)
+3b. The trainer's host work around an export (efficiency.export_call_s once, export_per_tensor_s per HF tensor):
+   closed form on what the 0.6B and MoE exports of the second 2026-12-02 lease measured beyond the simulated
+   copies. Held out: that lease's 4B export.
+5. The engine's side of an IPC weight bucket (EngineSettings.ipc_open_s per bucket beside http_rtt_s, and
+   load_per_tensor_s per tensor, until then an estimate of 20 us): closed form on vLLM alone (16 buckets of 399
+   tensors) and the MoE whole step of the second 2026-12-02 lease (6 buckets, 1,575 tensors). Held out: every dense
+   whole step's perf/update_weights_load_time (2..8 buckets of 311 or 399 tensors).
 4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
    micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
    Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
@@ -39,6 +46,8 @@ DATA = ROOT / "bench" / "data"
 PROFILE = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"  # the maintained preset
 RUNS = DATA / "h200_train_e2e"
 GIB = 1 << 30
+#: The MoE whole step the bucket terms are fitted on (the dense runs' loads are held out).
+MOE_RUN = "qwen3-30b-a3b-4l-cumem-1g_2026-12-02s6"
 #: vLLM 0.25.1 alone on the H200, one GPU (bench/data/h200_notes.md)
 VLLM_RUNS = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b1.json", "h200_vllm_0.25.1_b2.json")
 
@@ -70,6 +79,58 @@ def wake_terms(profile: dict) -> dict[str, float]:
             "wake_per_tensor_s": round(per_tensor, 7), "_kv_gib": kv, "_weights_gib": weights}
 
 
+def bucket_terms(profile: dict, work: Path) -> dict[str, float]:
+    """Closed form for the engine's side of an IPC bucket, http_rtt_s + ipc_open_s per bucket plus load_per_tensor_s per
+    tensor (plus the bytes, read and written at the device rate): two equations, vLLM alone (16 buckets of Qwen3-4B's
+    399 tensors; median over the TP-1 runs of each run's later cycles) and the MoE whole step (6 buckets, 1,575 tensors)."""
+    import seed_model
+
+    from vime.sim.engine.settings import EngineSettings
+    from vime.sim.hardware import load_hardware
+    from vime.sim.models import load_model
+
+    (work / "bucket_profile.json").write_text(json.dumps(profile))
+    hw = load_hardware(work / "bucket_profile.json")
+    rtt = EngineSettings().http_rtt_s
+    runs = [json.loads((DATA / f).read_text()) for f in VLLM_RUNS]
+    runs = [r for r in runs if r.get("phases", {}).get("sleep_l2_ipc") and r.get("buckets", {}).get("sizes")]
+    alone = statistics.median(statistics.median(sum(c["bucket_s"]) for c in r["phases"]["sleep_l2_ipc"][1:])
+                              for r in runs)
+    b1, n1 = runs[0]["buckets"]["count"], len(load_model("Qwen3-4B").hf_weight_shapes())
+    y1 = alone - b1 * rtt - 2 * sum(runs[0]["buckets"]["sizes"]) / hw.decode_bytes_per_s
+    run = MOE_RUN
+    seed_model.write_body_config(work / "moe", "qwen3-30b-a3b-4l")
+    moe = load_model(str(work / "moe" / "config.json"))
+    startup = next(json.loads(line) for line in (RUNS / run / "train.jsonl").read_text().splitlines()
+                   if '"startup"' in line)
+    b2, n2 = startup["buckets"], len(moe.hf_weight_shapes())
+    y2 = measured(run, "perf/update_weights_load_time") - b2 * rtt - 2 * moe.weight_bytes() / hw.decode_bytes_per_s
+    per_tensor = (y2 - y1 * b2 / b1) / (n2 - n1 * b2 / b1)
+    per_bucket = (y1 - n1 * per_tensor) / b1
+    return {"ipc_open_s": round(per_bucket, 5), "load_per_tensor_s": round(per_tensor, 7)}
+
+
+def export_terms(profile: dict, work: Path) -> dict[str, float]:
+    """Closed form for the trainer's host work per export and per HF tensor: what each run's export measured beyond
+    the simulated copies (both terms 0), on the 0.6B (311 tensors) and MoE (1,575) runs of the second lease."""
+    import seed_model
+
+    from vime.sim.models import load_model
+
+    zero = with_values(profile, {"efficiency.export_call_s": 0.0, "efficiency.export_per_tensor_s": 0.0})
+    rows = []
+    for run, model in (("qwen3-0.6b-cumem-1g_2026-12-02s6", "qwen3-0.6b"), (MOE_RUN, "qwen3-30b-a3b-4l")):
+        seed_model.write_body_config(work / model, model)
+        tensors = len(load_model(str(work / model / "config.json")).hf_weight_shapes())
+        beyond = measured(run, "perf/update_weights_export_time") - simulate(run, zero, work)[
+            "perf/update_weights_export_time"]
+        rows.append((tensors, beyond))
+    (n1, y1), (n2, y2) = rows
+    per_tensor = (y2 - y1) / (n2 - n1)
+    return {"efficiency.export_call_s": round(y1 - n1 * per_tensor, 5),
+            "efficiency.export_per_tensor_s": round(per_tensor, 8)}
+
+
 def measured(run: str, key: str) -> float:
     """Mean over the steps after the first of a run's metric (`perf/...`)."""
     steps = [json.loads(line) for line in (RUNS / run / "train.jsonl").read_text().splitlines() if '"step"' in line]
@@ -84,6 +145,10 @@ RUN_SPECS = {
     "qwen3-0.6b-cumem-1g_b64_r512_2026-12-02": ("qwen3-0.6b", "cumem",
                                                 {"MBS": "4", "RESPONSE_LEN": "512",
                                                  "EXTRA_ARGS": "--rollout-batch-size 64"}),
+    # the second lease of 2026-12-02 (the QKV cut on the GPU), predicted on 5838270 before it ran
+    "qwen3-4b-cumem-1g_mbs2_2026-12-02s6": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-0.6b-cumem-1g_2026-12-02s6": ("qwen3-0.6b", "cumem", {}),
+    MOE_RUN: ("qwen3-30b-a3b-4l", "cumem", {}),
 }
 
 
@@ -153,6 +218,7 @@ def fit(profile: dict, work: Path) -> dict[str, float]:
     fitted["vmm.shared_map_s_per_gib"] = round(solve(
         lambda x: sim(run, **{"vmm.shared_map_s_per_gib": x})["perf/onload_kv_time"], target, 1e-6, 1e-1,
         increasing=True), 7)
+    fitted.update(export_terms(with_values(profile, fitted), work))
     return fitted
 
 
@@ -172,7 +238,7 @@ def implied_floor(profile: dict, fitted: dict[str, float], work: Path) -> tuple[
 def held_out(profile: dict, work: Path) -> list[str]:
     """Measured vs simulated (committed profile) for every 2026-12-02 run and the phases the fits touch."""
     keys = ("perf/onload_weights_time", "perf/onload_kv_time", "perf/update_weights_export_time",
-            "perf/update_weights_time", "perf/train_phase_time", "perf/rollout_time", "perf/step_time")
+            "perf/update_weights_load_time", "perf/update_weights_time", "perf/train_phase_time", "perf/rollout_time", "perf/step_time")
     lines = []
     for run in RUN_SPECS:
         s = simulate(run, profile, work)
@@ -200,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         implied, preset = implied_floor(profile, fitted, Path(d))
         print(f"4. CPU floor per layer, forward: the b64_r512 train phase implies {implied * 1e3:.2f} ms, "
               f"the preset has {preset * 1e3:.2f} ms ({100 * (implied - preset) / preset:+.1f} %)")
+        buckets = bucket_terms(profile, Path(d))
+        print(f"5. The engine's side of an IPC bucket (vLLM alone + the MoE whole step {MOE_RUN}):")
+        for k, v in buckets.items():
+            print(f"   EngineSettings.{k} = {v}")
+        wake.update(buckets)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
         settings = EngineSettings()
         bad = [f"{k}: committed {committed[k]}, fit {v}" for k, v in fitted.items() if committed[k] != v]

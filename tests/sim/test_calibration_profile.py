@@ -45,6 +45,7 @@ TOLERANCE = {
     "efficiency.allgather_bw_util": 1e-12, "efficiency.collective_latency_s": 1e-12,
     "efficiency.host_step_tp_scale": 1e-12, "efficiency.trainer_call_s": 1e-12,
     "efficiency.train_host_step_s": 1e-12, "vmm.shared_map_s_per_gib": 1e-12,
+    "efficiency.export_call_s": 1e-12, "efficiency.export_per_tensor_s": 1e-12,
     "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
     "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
     "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,

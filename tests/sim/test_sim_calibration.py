@@ -386,8 +386,13 @@ def test_ipc_bucket_cost_matches_the_measured_per_bucket_time():
     sizes = VLLM["buckets"]["sizes"]
     per_bucket = [e.bucket_seconds(WeightBucket([f"t{j}" for j in range(25)], ["bfloat16"] * 25, [[1]] * 25, n,
                                                 index=i)) for i, n in enumerate(sizes)]
-    measured = [t for r in VLLM["phases"]["sleep_l2_ipc"] for t in r["bucket_s"]]
-    assert _err(statistics.median(per_bucket), statistics.median(measured)) < 0.10
+    # the three TP-1 runs' medians differ 1.6× (15.2, 24.7, 18.7 ms): their median, as compare_calibration.py and
+    # bench/fit_whole_step.py take it (which fits ipc_open_s beside load_per_tensor_s)
+    runs = [json.loads((DATA / f).read_text()) for f in ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b1.json",
+                                                          "h200_vllm_0.25.1_b2.json")]
+    measured = statistics.median(statistics.median(t for r in run["phases"]["sleep_l2_ipc"] for t in r["bucket_s"])
+                                 for run in runs)
+    assert _err(statistics.median(per_bucket), measured) < 0.10
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,7 +32,9 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "allreduce_bw_util": 0.70,                # NCCL bus bandwidth / link peak (NVLink or network)
         "allgather_bw_util": 0.0,                 # all-gather's, if different (optional, 0 = allreduce's)
         "collective_latency_s": 0.0,              # per collective call the trainer issues (optional, 0)
-        "host_copy_util": 0.80                    # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
+        "host_copy_util": 0.80,                   # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
+        "export_call_s": 0.0,                     # trainer host work per weight export (optional, 0)
+        "export_per_tensor_s": 0.0                # ... and per HF tensor it exports (optional, 0)
       },
       "vmm": {                                    # CUDA virtual-memory costs behind sleep / wake_up
         "create_map_s_per_gib": 0.02,             # cuMemCreate + cuMemMap + cuMemSetAccess
@@ -350,7 +352,8 @@ class HardwareSpec:
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
                                                          "allgather_bw_util", "collective_latency_s",
                                                          "train_host_bwd_s_per_layer", "trainer_call_s",
-                                                         "train_host_step_s"})),
+                                                         "train_host_step_s", "export_call_s",
+                                                         "export_per_tensor_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,
             device=device,
@@ -376,7 +379,8 @@ def list_hardware() -> list[str]:
 CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pinned_alloc_s_per_gib",
              "vmm.pinned_free_s_per_gib", "efficiency.host_step_s", "efficiency.host_step_per_seq_s",
              "efficiency.host_step_tp_scale", "efficiency.iteration_overhead_s", "efficiency.collective_latency_s",
-             "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib")
+             "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
+             "efficiency.export_per_tensor_s")
 
 
 def resolve_carry(data: Any, origin: str, seen: tuple[str, ...] = ()) -> Any:

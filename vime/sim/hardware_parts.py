@@ -97,6 +97,11 @@ class Efficiency:
     #: trip and the rank's Python around the work. 0 in the estimate presets (negligible next to a GPU
     #: step); on the CPU machine it is most of a sleep or a wake.
     trainer_call_s: float = 0.0
+    #: The trainer's host work around a weight export beyond the copies: once per export (the HF state's
+    #: naming over every parameter, the bucket plan) and per HF tensor (its mapping, the staging copy's launch,
+    #: its IPC handle). 0 in the estimate presets; H200: bench/fit_whole_step.py.
+    export_call_s: float = 0.0
+    export_per_tensor_s: float = 0.0
     #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm
     #: Python, zeroing the grad buffers, and — measured with one step per rollout — the train call's own
     #: batch handling, advantages and weight backup): the step takes at least this on a GPU, this more

@@ -46,9 +46,10 @@ class EngineSettings:
     #: vime's client), paid half on the way in and half on the way out, so concurrent requests still
     #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step.
     request_overhead_s: float = 0.0113
-    #: Per weight bucket: opening the CUDA IPC handles on every rank and vLLM's work around
-    #: load_weights (H200: 10–22 ms per bucket, ~13 ms without the transfer).
-    ipc_open_s: float = 0.013
+    #: Per weight bucket beyond the round trip: opening the CUDA IPC handles on every rank and vLLM's work
+    #: around load_weights. With load_per_tensor_s, closed form on the H200 (vLLM alone: 16 buckets of 399
+    #: tensors; the MoE whole step: 6 buckets of 1,575 tensors; bench/fit_whole_step.py).
+    ipc_open_s: float = 0.00608
     #: Engine-side cost of one sleep call beyond copies and unmaps (collective RPC, gc + empty_cache):
     #: a level-2 sleep took 0.07–0.10 s on the H200, ~0.03 s of it unmapping.
     sleep_call_s: float = 0.05
@@ -70,8 +71,9 @@ class EngineSettings:
     #: (a collective RPC to the workers each): H200 medians 15.4 and 9.3 ms minus http_rtt_s.
     start_update_call_s: float = 0.0134
     finish_update_call_s: float = 0.0073
-    #: Per tensor in a bucket: vLLM's load_weights Python dispatch; estimate.
-    load_per_tensor_s: float = 20e-6
+    #: Per tensor in a bucket: rebuilding it from its IPC handle and vLLM's load_weights dispatch (see ipc_open_s;
+    #: an MoE's per-expert tensors make it most of the engine's load).
+    load_per_tensor_s: float = 415.9e-6
     #: Bytes/s a TP rank reads weights from the trainer's buffer and writes its shard: None =
     #: device-to-device (HBM × decode_bw_util; CUDA IPC on the same GPU, colocated); set it to a
     #: network rate for NCCL weight transfer between separate GPUs.

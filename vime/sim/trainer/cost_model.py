@@ -272,11 +272,14 @@ class ActorCostModel:
         return seconds
 
     def _convert_seconds(self) -> float:
-        """The HF conversion of an export: each rank cuts q, k, v out of its staged fused QKV weights on the
-        GPU (read and written once at HBM speed; the fused bytes cross the host link as the bucket's)."""
+        """The host work of an export (once, and per HF tensor) and its HF conversion: each rank cuts q, k, v out of
+        its staged fused QKV weights on the GPU (read and written once at HBM speed; the fused bytes cross the host
+        link as the bucket's)."""
         m = self.model
         qkv = m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * m.dtype_bytes
-        return 2 * qkv / self.layout.pp / self.hw.hbm_bytes_per_s
+        eff = self.hw.efficiency
+        host = eff.export_call_s + eff.export_per_tensor_s * len(self.model.hf_weight_shapes())
+        return host + 2 * qkv / self.layout.pp / self.hw.hbm_bytes_per_s
 
     def _checkpoint_seconds(self) -> float:
         return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * self.nodes)
