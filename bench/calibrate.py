@@ -1055,6 +1055,10 @@ def _unmeasured_defaults(prof: dict) -> None:
         eff["trainer_call_s"] = 0.0
         src.setdefault("efficiency.trainer_call_s", "0 (the default): not measured; a trainer call's fixed cost (Ray "
                                                     "round trip, the rank's Python) is negligible next to a GPU step")
+    if "train_host_s_per_expert" not in eff:
+        eff["train_host_s_per_expert"] = 0.0
+        src.setdefault("efficiency.train_host_s_per_expert", "0 (the default): not measured here; a MoE whole RL step "
+                                                             "measures it (bench/fit_whole_step.py)")
     sw = prof.setdefault("software", {})
     if "train_step_residue_bytes" not in sw:
         sw["train_step_residue_bytes"] = 0

@@ -17,6 +17,9 @@ Each term is structural (one value for every model, batch and run) and fitted on
 3b. The trainer's host work around an export (efficiency.export_call_s once, export_per_tensor_s per HF tensor):
    closed form on what the 0.6B and MoE exports of the second 2026-12-02 lease measured beyond the simulated
    copies. Held out: that lease's 4B export.
+3c. The trainer's CPU floor per routed expert (efficiency.train_host_s_per_expert): vime's local-spec Megatron runs a
+   MoE layer's experts one by one (SequentialMLP); the train phase of the MoE whole step solved on the simulator.
+   The only MoE run: nothing held out.
 5. The engine's side of an IPC weight bucket (EngineSettings.ipc_open_s per bucket beside http_rtt_s, and
    load_per_tensor_s per tensor, until then an estimate of 20 us): closed form on vLLM alone (16 buckets of 399
    tensors) and the MoE whole step of the second 2026-12-02 lease (6 buckets, 1,575 tensors). Held out: every dense
@@ -208,7 +211,7 @@ def with_values(profile: dict, values: dict[str, float]) -> dict:
 
 def fit(profile: dict, work: Path) -> dict[str, float]:
     fitted: dict[str, float] = {}
-    base = {"vmm.shared_map_s_per_gib": 0.0}
+    base = {"vmm.shared_map_s_per_gib": 0.0, "efficiency.train_host_s_per_expert": 0.0}
 
     def sim(run: str, **extra: float) -> dict:
         return simulate(run, with_values(profile, {**base, **fitted, **extra}), work)
@@ -219,6 +222,10 @@ def fit(profile: dict, work: Path) -> dict[str, float]:
         lambda x: sim(run, **{"vmm.shared_map_s_per_gib": x})["perf/onload_kv_time"], target, 1e-6, 1e-1,
         increasing=True), 7)
     fitted.update(export_terms(with_values(profile, fitted), work))
+    target = measured(MOE_RUN, "perf/train_phase_time")
+    per_expert = solve(lambda x: sim(MOE_RUN, **{"efficiency.train_host_s_per_expert": x})["perf/train_phase_time"],
+                       target, 1e-7, 1e-1, increasing=True)
+    fitted["efficiency.train_host_s_per_expert"] = float(f"{per_expert:.4g}")
     return fitted
 
 

@@ -52,7 +52,8 @@ TOLERANCE = {
     "vmm.create_map_s_per_gib": 1e-12, "vmm.unmap_release_s_per_gib": 1e-12, "vmm.pinned_alloc_s_per_gib": 1e-12,
     "vmm.pinned_free_s_per_gib": 0.001,
 }
-NOT_COMPARED = {"efficiency.iteration_overhead_s"}
+#: iteration_overhead_s: see above; train_host_s_per_expert: fitted on a MoE whole RL step, not on calibrate.py's inputs
+NOT_COMPARED = {"efficiency.iteration_overhead_s", "efficiency.train_host_s_per_expert"}
 
 
 def _calibrate() -> Any:

@@ -307,3 +307,23 @@ def test_sweep_and_search_cover_expert_parallel_sizes():
     assert eps >= {1, 2, 4, 8}  # sizes that do not divide the GPUs or the experts are pruned as invalid
     dense = _resolve("--model", "Qwen3-4B")
     assert {p.get("expert_model_parallel_size") for p in grid(8, search_axes(dense))} == {None}
+
+
+def test_experts_run_one_by_one_put_a_cpu_floor_per_local_expert():
+    """efficiency.train_host_s_per_expert: each routed expert a rank holds adds its CPU floor to every MoE layer's pass
+    (the measured H200 profile, whose local-spec Megatron runs experts one by one); a grouped-GEMM stack (0) adds none."""
+    import dataclasses
+
+    from vime.sim.trainer.costs import compute_seconds
+
+    m = load_model("Qwen3-30B-A3B")
+    measured = load_hardware("H200-141G-measured")
+    per_expert = measured.efficiency.train_host_s_per_expert
+    assert per_expert > 0 and load_hardware("H100-SXM-80G").efficiency.train_host_s_per_expert == 0
+    host_bound = dataclasses.replace(measured, bf16_flops=measured.bf16_flops * 1e6, hbm_bytes_per_s=measured.hbm_bytes_per_s * 1e6)
+    lengths = [1024] * 4
+    base = compute_seconds(m, host_bound, lengths, 1, 0)
+    for local in (128, 16):  # EP 1 and EP 8
+        fwd, bwd = compute_seconds(m, host_bound, lengths, 1, local)
+        assert fwd - base[0] == pytest.approx(per_expert * local * len(m.moe_layers), rel=1e-9)
+        assert bwd - base[1] == pytest.approx(per_expert * local * len(m.moe_layers), rel=1e-9)

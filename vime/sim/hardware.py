@@ -33,6 +33,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "allgather_bw_util": 0.0,                 # all-gather's, if different (optional, 0 = allreduce's)
         "collective_latency_s": 0.0,              # per collective call the trainer issues (optional, 0)
         "host_copy_util": 0.80,                   # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
+        "train_host_s_per_expert": 0.0,           # trainer CPU floor per routed expert of a MoE layer run one by one (optional, 0)
         "export_call_s": 0.0,                     # trainer host work per weight export (optional, 0)
         "export_per_tensor_s": 0.0                # ... and per HF tensor it exports (optional, 0)
       },
@@ -352,7 +353,7 @@ class HardwareSpec:
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
                                                          "allgather_bw_util", "collective_latency_s",
                                                          "train_host_bwd_s_per_layer", "trainer_call_s",
-                                                         "train_host_step_s", "export_call_s",
+                                                         "train_host_step_s", "export_call_s", "train_host_s_per_expert",
                                                          "export_per_tensor_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,

@@ -100,6 +100,11 @@ class Efficiency:
     #: The trainer's host work around a weight export beyond the copies: once per export (the HF state's
     #: naming over every parameter, the bucket plan) and per HF tensor (its mapping, the staging copy's launch,
     #: its IPC handle). 0 in the estimate presets; H200: bench/fit_whole_step.py.
+    #: The CPU floor per routed expert of each MoE layer, forward and backward alike, where the training stack
+    #: runs the experts one by one (Megatron's SequentialMLP, vime's local spec without grouped GEMM: a module
+    #: call and its kernels per expert). 0 for a grouped-GEMM stack (one launch for all experts); H200: fitted
+    #: on the one MoE whole step (bench/fit_whole_step.py).
+    train_host_s_per_expert: float = 0.0
     export_call_s: float = 0.0
     export_per_tensor_s: float = 0.0
     #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm

@@ -184,7 +184,8 @@ class ActorCostModel:
     def _compute_and_comm(self, lengths: Sequence[int]) -> tuple[float, float]:
         """(forward, backward) of one micro-batch, each with the forward's TP collectives."""
         lay = self.layout
-        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp)
+        local = self.model.num_experts // self.ep if self.model.is_moe else 0
+        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local)
         tokens = sum(lengths) / lay.cp
         # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
         act = tokens * self.model.hidden_size * self.model.dtype_bytes

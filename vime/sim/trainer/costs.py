@@ -89,7 +89,8 @@ def software_stream_bytes_per_token(model: ModelSpec, hw: HardwareSpec) -> tuple
     return fwd * model.num_layers, bwd * model.num_layers
 
 
-def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1) -> tuple[float, float]:
+def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1,
+                    local_experts: int = 0) -> tuple[float, float]:
     """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
 
     Flash attention (the default): FLOPs of `ModelSpec.sequence_flops` (causal) at train MFU,
@@ -98,7 +99,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     UNFUSED_SCORE_FWD/BWD_BYTES of memory traffic at the streaming rate; the matmuls' backward
     is 2 × their forward (fitted on the H200: bench/data/h200_megatron_1.7b_accounting.json).
     Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
-    and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`); on a CPU
+    and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`, plus
+    `train_host_s_per_expert` for each of a MoE layer's `local_experts` where the stack runs them one by one); on a CPU
     device (`HardwareSpec.host_overlaps_compute` false) that CPU work adds to the kernels' instead.
     """
     flops = sum(model.sequence_flops(n) for n in lengths)
@@ -119,8 +121,9 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
     eff = hw.efficiency
-    host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers
-    host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers
+    experts = eff.train_host_s_per_expert * local_experts * len(model.moe_layers)
+    host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers + experts
+    host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers + experts
     if not hw.host_overlaps_compute:  # a CPU: the Python and the kernels it launches share the cores
         return fwd + host_fwd, bwd + host_bwd
     return max(fwd, host_fwd), max(bwd, host_bwd)
