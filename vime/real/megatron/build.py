@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime
 import os
 from dataclasses import dataclass
@@ -104,7 +106,11 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
 
     tf_config = mmodel.transformer_config(spec, tp=tp, ep=ep, etp=etp, cpu_init=cpu, calculate_per_token_loss=False,
                                           **model_settings(cfg))
-    with offload.region("params"):
+    # With the distributed optimizer DDP copies every parameter into its own buffer (in "params", below) and the
+    # module's first storage becomes garbage: built in "params", PyTorch would keep it cached in that pool for good
+    # (empty_cache skips a live private pool), one more copy of the weights resident or offloaded every step.
+    moved_by_ddp = cfg.use_distributed_optimizer and not cpu
+    with contextlib.nullcontext() if moved_by_ddp else offload.region("params"):
         module = mmodel.build_gpt_model(spec, tf_config)
         if cfg.torch_dtype != torch.float32:
             # What Megatron-LM's Float16Module does: the local spec's torch RMSNorm keeps fp32
@@ -117,6 +123,8 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
         use_distributed_optimizer=cfg.use_distributed_optimizer)
     with offload.region("grads"), _ParamBufferInParams(offload, cfg.torch_dtype):
         model = DistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
+    if moved_by_ddp:
+        torch.cuda.empty_cache()  # the first storage, now in the default pool
     # Without this hook the schedule never reduces gradients across DP ranks, and each rank
     # silently trains on its own partition only (tested in tests/real/megatron).
     tf_config.finalize_model_grads_func = finalize_model_grads
