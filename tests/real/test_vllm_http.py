@@ -71,6 +71,17 @@ def test_dev_route_404_names_dev_mode():
     assert eng.lifecycle.paused is None
 
 
+def test_wake_up_out_of_memory_names_what_to_change():
+    """The H200 run whose trainer kept its state resident (--train-offload-plan activations) died here: say what to change."""
+    msg = {"error": {"message": "Call to wake_up method failed: CUDA Error: out of memory at "
+                                "/workspace/csrc/cumem_allocator.cpp:163", "code": 500}}
+    fake = FakeVLLM(routes={("POST", "/wake_up"): answer(500, msg)})
+    eng = make(fake)
+    with pytest.raises(EngineError, match="lower --gpu-memory-utilization or offload more of the trainer") as err:
+        run(eng.wake_up(["weights"]))
+    assert err.value.status == 500 and not err.value.retryable and "\n" not in str(err.value)
+
+
 def test_weight_transfer_not_configured_names_the_flag():
     msg = {"error": {"message": "Call to collective_rpc method failed: Worker failed with error 'Weight transfer "
                                 "not configured. Please set weight_transfer_config to enable weight transfer.'"}}

@@ -124,6 +124,10 @@ class EngineHTTP:
             detail += "; this route exists only with VLLM_SERVER_DEV_MODE=1 in the server's environment"
         elif resp.status_code == 403 and "enable-scale-out" in resp.text:
             detail += "; start the server with --enable-scale-out (vLLM >= 0.32 gates /inference/v1/generate)"
+        elif call == "wake_up" and "out of memory" in resp.text:
+            detail += ("; the GPU has no room to map the engine back: something else holds it (the trainer's resident "
+                       "tags under --train-offload-plan, another process); lower --gpu-memory-utilization or offload "
+                       "more of the trainer (--train-offload-plan all)")
         elif "Weight transfer not configured" in resp.text:
             detail += "; start the server with --weight-transfer-config '{\"backend\":\"ipc\"}'"
         return self.error(call, detail, status=resp.status_code,
