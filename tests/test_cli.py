@@ -76,3 +76,25 @@ def test_missing_runner_says_not_implemented(monkeypatch: pytest.MonkeyPatch,
 def test_no_arguments_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert "simulate" in capsys.readouterr().out
+
+
+def test_train_json_keeps_stdout_for_the_events(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """With --json the real run's other output (Ray forwards its workers' prints to the driver's stdout) goes to
+    stderr: a faults event once landed behind a worker's line and was lost to `jq` and the tests."""
+    from vime.cli import train as train_mod
+
+    def fake_real(args, printer, on_step, recording):
+        print("(MegatronActor pid=1) a worker's line")
+        printer.faults({"outcome": "completed", "events": []})
+        return 0
+
+    monkeypatch.setattr(train_mod, "_run_real", fake_real)
+    from vime.config import parse_args
+
+    args = parse_args(["--json"], command="train")
+    args = args.replace(backend="real")
+    assert train_mod.run_train(args) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["event"] for line in out.splitlines()] == ["faults"]
+    assert "a worker's line" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import sys
@@ -127,7 +129,8 @@ class _Printer:
             print(format_fault_report(rep), file=self.out, flush=True)
 
     def _emit(self, obj: dict[str, Any]) -> None:
-        print(json.dumps(obj, sort_keys=True), file=self.out, flush=True)
+        self.out.write(json.dumps(obj, sort_keys=True) + "\n")  # one write: a line no other writer can split
+        self.out.flush()
 
 
 def step_bar(args: Any, stream: Any = None) -> Any:
@@ -189,7 +192,10 @@ def run_train(args: Any) -> int:
                 _write_outputs(args, build_document(sim), sim.backends.recorder, printer)
             return 0
         try:
-            return _run_real(args, printer, on_step, recording)
+            # --json: stdout carries the events alone; everything else printed there while the run lasts (Ray's
+            # forwarded worker output, libraries) goes to stderr, or it can land inside an event's line
+            with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+                return _run_real(args, printer, on_step, recording)
         except VimeError:
             rep = printer.fault_report
             if rep is None or rep["outcome"] != "stopped":

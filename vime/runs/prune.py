@@ -121,7 +121,20 @@ class Screen:
     # --- time -----------------------------------------------------------------------------------
     def step_lower_bounds(self, args: Any, cm: Any) -> list[float]:
         """Per probed step, a T_step no simulation of `args` beats (none without a probe)."""
-        return [r + t for r, t in zip(self.rollout_bounds(args), self.train_bounds(cm), strict=True)]
+        sync = self.sync_bound(args) if getattr(args, "async_mode", "sync") == "sync" else 0.0
+        return [r + t + sync for r, t in zip(self.rollout_bounds(args), self.train_bounds(cm), strict=True)]
+
+    def sync_bound(self, args: Any) -> float:
+        """Seconds a weight sync of `args` lasts at least: the trainer's host work around its export and the engines'
+        per-tensor load, both paid in turn for every HF tensor (bucket by bucket); a disk sync is not bounded here."""
+        from vime.sim.engine.settings import EngineSettings
+
+        if getattr(args, "update_weight_mode", "tensor") == "disk":
+            return 0.0
+        eff = self.hw.efficiency
+        settings = EngineSettings.from_args(args, **self.hw.engine_overrides())
+        tensors = len(self.model.hf_weight_shapes())
+        return eff.export_call_s + (eff.export_per_tensor_s + settings.load_per_tensor_s) * tensors
 
     def rollout_bounds(self, args: Any) -> list[float]:
         """Per probed step, seconds the rollout phase of `args` lasts at least (engine options only)."""

@@ -321,7 +321,8 @@ def _screen(base: Any, goal: str, pts: Sequence[dict[str, Any]], target: float |
         # an async step overlaps rollout and train (and fully-async pipelines rollouts across versions):
         # only the trainer's roofline bounds it
         overlap = args.async_mode != "sync"
-        lbs = list(t_lbs) if overlap else [a + b for a, b in zip(e_lbs, t_lbs, strict=True)]
+        sync = 0.0 if overlap else screen.sync_bound(args)
+        lbs = list(t_lbs) if overlap else [a + b + sync for a, b in zip(e_lbs, t_lbs, strict=True)]
         t_lb = sum(lbs) / len(lbs) if lbs else 0.0
         if target is not None and t_lb > target * (1 + _TOL):
             stats.prune(changes, "target", f"T_step ≥ {t_lb:.3f} s > --target-step-time {target:g}")
