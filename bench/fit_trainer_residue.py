@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 fb = f"{sim_b:11.2f}" if sim_b is not None else f"{'-':>11}"
                 fa = f"{sim_a:10.2f}" if sim_a is not None else f"{'-':>10}"
                 print(f"{step:8} {ph:15} {m:>18} {fb} {fa}")
-        err = lambda p: 100.0 * (p - peak) / peak  # noqa: E731
+        err = lambda p, peak=peak: 100.0 * (p - peak) / peak  # noqa: E731
         b = f"{before['peak_gib']:.2f} GiB ({err(before['peak_gib']):+.1f} %)" if before else "-"
         print(f"peak: measured {peak:.2f} GiB; simulated before {b}, after {after['peak_gib']:.2f} GiB "
               f"({err(after['peak_gib']):+.1f} %) in {after['peak_phase']}\n")

@@ -241,7 +241,7 @@ def test_mapping_beside_another_process_pays_the_shared_map_cost():
         alloc = _engine_allocator(cl)
         _fill_engine(alloc)
 
-        async def main(alloc=alloc) -> None:
+        async def main(alloc=alloc, neighbour=neighbour) -> None:
             await alloc.sleep([], [TAG_WEIGHTS, TAG_KV_CACHE])
             t0 = clock.now()
             await alloc.wake_up([TAG_KV_CACHE])

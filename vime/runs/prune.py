@@ -128,13 +128,12 @@ class Screen:
         """Seconds a weight sync of `args` lasts at least: the trainer's host work around its export and the engines'
         per-tensor load, both paid in turn for every HF tensor (bucket by bucket); a disk sync is not bounded here."""
         from vime.sim.engine.settings import EngineSettings
+        from vime.sim.trainer.cost_model import export_host_seconds, hf_tensor_count
 
         if getattr(args, "update_weight_mode", "tensor") == "disk":
             return 0.0
-        eff = self.hw.efficiency
         settings = EngineSettings.from_args(args, **self.hw.engine_overrides())
-        tensors = len(self.model.hf_weight_shapes())
-        return eff.export_call_s + (eff.export_per_tensor_s + settings.load_per_tensor_s) * tensors
+        return export_host_seconds(self.model, self.hw) + settings.load_per_tensor_s * hf_tensor_count(self.model)
 
     def rollout_bounds(self, args: Any) -> list[float]:
         """Per probed step, seconds the rollout phase of `args` lasts at least (engine options only)."""

@@ -159,7 +159,7 @@ async def remap_memory(allocator: SimAllocator, env: simpy.Environment, tags: Se
     fixed cost and, when the weights come back from the host, CuMem's per-tensor restore loop."""
     restored = TAG_WEIGHTS in tags and allocator.lifecycle.state(TAG_WEIGHTS) is TagState.OFFLOADED
     # a device without sleep mode (a CPU) keeps its memory: nothing to map
-    mapped = max(map(sum, zip(*(allocator.tag_bytes(t) for t in tags)))) if tags and allocator.sleep_mode else 0
+    mapped = max(map(sum, zip(*(allocator.tag_bytes(t) for t in tags), strict=True))) if tags and allocator.sleep_mode else 0
     await allocator.wake_up(tags)
     copies = weight_tensors if restored else 0
     await elapse(env, settings.wake_call_s + settings.wake_per_gib_s * mapped / GiB + settings.wake_per_tensor_s * copies)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -33,6 +34,18 @@ if TYPE_CHECKING:
 
 #: One weight-sync bucket: HF names, shapes, bytes.
 Bucket = tuple[list[str], list[tuple[int, ...]], int]
+
+
+
+@functools.lru_cache(maxsize=256)
+def hf_tensor_count(model: ModelSpec) -> int:
+    """How many HF tensors an export of `model` moves (a MoE's per-expert tensors included); cached: a search asks per point."""
+    return len(model.hf_weight_shapes())
+
+
+def export_host_seconds(model: ModelSpec, hw: HardwareSpec) -> float:
+    """The trainer's host work around one weight export: once, and per HF tensor (efficiency.export_*)."""
+    return hw.efficiency.export_call_s + hw.efficiency.export_per_tensor_s * hf_tensor_count(model)
 
 
 class ActorCostModel:
@@ -278,9 +291,7 @@ class ActorCostModel:
         link as the bucket's)."""
         m = self.model
         qkv = m.num_layers * m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim * m.dtype_bytes
-        eff = self.hw.efficiency
-        host = eff.export_call_s + eff.export_per_tensor_s * len(self.model.hf_weight_shapes())
-        return host + 2 * qkv / self.layout.pp / self.hw.hbm_bytes_per_s
+        return export_host_seconds(m, self.hw) + 2 * qkv / self.layout.pp / self.hw.hbm_bytes_per_s
 
     def _checkpoint_seconds(self) -> float:
         return self.checkpoint_bytes() / (CHECKPOINT_BYTES_PER_S * self.nodes)
