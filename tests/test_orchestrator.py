@@ -16,7 +16,7 @@ import pytest
 from vime.cli.train import format_step
 from vime.config import defaults
 from vime.errors import ConfigError, EngineError
-from vime.orchestrator import PHASES
+from vime.orchestrator import PHASES, StepReport
 from vime.protocols import normalize_wake_tags
 from vime.rollout.data_source import DataSource, SyntheticDataset
 from vime.rollout.generate import RolloutError
@@ -459,3 +459,12 @@ def test_orchestration_imports_no_backend():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert proc.stdout.strip() == "[]"
+
+
+def test_trainer_extras_land_under_perf_train_or_memory():
+    report = StepReport(rollout_id=0, t_begin=0.0, t_step=3.0,
+                        train={"loss": 1.0, "extra": {"train_time": 2.0, "tokens_per_s": 5.0,
+                                                      "memory/asleep_params_gib": 7.5}})
+    m = report.metrics()
+    assert (m["perf/train_time"], m["train/tokens_per_s"], m["memory/asleep_params_gib"]) == (2.0, 5.0, 7.5)
+    assert "train/memory/asleep_params_gib" not in m

@@ -154,7 +154,10 @@ class StepReport:
                 m[f"train/{key}"] = float(self.train[key])
         for key, value in self.train.get("extra", {}).items():
             name = key.removeprefix("perf/")
-            m[f"perf/{name}" if name in TRAINER_TIMINGS else f"train/{name}"] = float(value)
+            if name.startswith("memory/"):
+                m[name] = float(value)
+            else:
+                m[f"perf/{name}" if name in TRAINER_TIMINGS else f"train/{name}"] = float(value)
         if "perf/train_time" in m:  # slime: the step is train_wait + train
             m["perf/train_wait_time"] = self.t_step - m["perf/train_time"]
         for key, value in self.eval.items():

@@ -24,7 +24,7 @@
 #   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
 #   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
 # Output ($OUT): $TAG.txt (compare's table and the run's last log lines) and $TAG.tgz with train.jsonl (the
-# JSON step reports, with wall_time), train_stderr.log, gpu_mem.csv (epoch,gpu,used MiB), sim.json,
+# JSON step reports, with wall_time), train_stderr.log, gpu_mem.csv (epoch,gpu,used MiB), gpu_procs.csv (epoch,pid,used MiB), sim.json,
 # compare.json, the server/router log tails; prep writes prep.txt.
 set -u
 cd "$(dirname "$0")/../.."
@@ -161,13 +161,20 @@ run() {
      sleep 0.5
    done) > "$R/gpu_mem.csv" 2>/dev/null &
   local sampler=$!
+  # Per process (epoch,pid,used MiB): the trainer's resident bytes apart from the engine's (issue 25).
+  (while :; do
+     t=$(date +%s.%N)
+     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
+     sleep 0.5
+   done) > "$R/gpu_procs.csv" 2>/dev/null &
+  local procs=$!
   echo "+ vime train --backend real ${TRAIN_ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
   set -o pipefail
   timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${TRAIN_ARGS[@]}" "${TRAIN_ONLY[@]}" \
      2> "$R/train_stderr.log" | python3 scripts/h200_train/compare.py stamp | tee "$R/train.jsonl"
   local rc=$?
   set +o pipefail
-  kill $sampler 2>/dev/null
+  kill $sampler $procs 2>/dev/null
   echo "vime train exit $rc"
   python3 -m vime.cli simulate "${ARGS[@]}" > "$R/sim.json" || echo "vime simulate failed"
   {

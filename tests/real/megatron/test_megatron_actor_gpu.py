@@ -63,9 +63,14 @@ def test_gpu_rank_loads_hf_trains_exports_and_sleeps(actor):
 
     info = actor.sleep()
     assert info["offloaded_bytes"] > 0
+    asleep = actor._asleep_memory  # what the engines wake beside: the offloaded tags hold nothing
+    assert m["memory"]["memory/trained_device_used_gib"] > 0 and asleep["memory/asleep_device_used_gib"] > 0
+    if actor.offload.name == "cumem":
+        assert asleep["memory/asleep_params_gib"] == asleep["memory/asleep_optimizer_gib"] == 0.0
+        assert m["memory"]["memory/trained_params_gib"] > 0
     actor.wake_up()
     torch.testing.assert_close(actor.full_logits(rows), logits)
-    print("GPU figures", m, actor.memory())
+    print("GPU figures", m, actor.memory(), asleep)
 
 
 def _rank_main(rank: int, world: int, port: int, hf_dir: str, tp: int, dist_opt: bool, queue) -> None:

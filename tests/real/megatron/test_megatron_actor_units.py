@@ -9,6 +9,7 @@ from vime.errors import ConfigError, TrainerError
 from vime.real.megatron.actor import ActorConfig
 from vime.real.megatron.batches import make_micro_batch
 from vime.real.megatron.loss import response_slice
+from vime.real.megatron.memory import breakdown, segments_by_pool
 from vime.real.megatron.offload import AccountedNoopOffload, make_offload_backend
 from vime.real.megatron.trainer import fold_metrics
 
@@ -57,6 +58,25 @@ def test_metrics_fold_over_dp_heads():
     assert (m.rollout_id, m.loss, m.entropy, m.tokens, m.grad_norm) == (4, 2.0, 4.0, 40, 2.0)
     assert m.pg_clipfrac == pytest.approx(0.2)
     assert m.extra["tokens_per_s"] == 20.0
+
+
+def test_memory_folds_to_the_fullest_rank_and_breaks_down_by_pool():
+    base = {"grad_norm": 2.0, "num_steps": 1, "recomputed_log_probs": False, "train_time": 2.0, "loss": 0.0,
+            "pg_clipfrac": 0.0, "entropy": 0.0, "tokens": 1, "dp_rank": 0}
+    results = [dict(base, tp_rank=0, memory={"memory/asleep_params_gib": 1.0}),
+               dict(base, tp_rank=1, memory={"memory/asleep_params_gib": 3.0})]
+    assert fold_metrics(0, results).extra["memory/asleep_params_gib"] == 3.0
+
+    segs = [{"segment_pool_id": (0, 0), "total_size": 6 << 30, "allocated_size": 1 << 30},
+            {"segment_pool_id": (0, 1), "total_size": 8 << 30, "allocated_size": 8 << 30},
+            {"segment_pool_id": (0, 2), "total_size": 3 << 30, "allocated_size": 2 << 30}]
+    pools = segments_by_pool(segs)
+    assert pools == {"default": (6 << 30, 1 << 30), "private": (11 << 30, 10 << 30)}
+    # a private pool beyond the CuMem tags' bytes is memory the offload never moves (the DDP copy of 2026-12-02)
+    m = breakdown("asleep", {"params": 8 << 30, "grads": 0, "optimizer": 0}, pools, 20 << 30, 30 << 30)
+    assert m["memory/asleep_params_gib"] == 8.0 and m["memory/asleep_other_pools_gib"] == 3.0
+    assert (m["memory/asleep_torch_cache_gib"], m["memory/asleep_torch_allocated_gib"]) == (6.0, 1.0)
+    assert (m["memory/asleep_peak_reserved_gib"], m["memory/asleep_device_used_gib"]) == (20.0, 30.0)
 
 
 def test_offload_backend_choice():

@@ -24,6 +24,7 @@ import torch
 
 from vime.errors import ConfigError, TrainerError
 from vime.real.megatron import compat
+from vime.real.megatron import memory as gpu_memory
 from vime.real.megatron import model as mmodel
 from vime.real.megatron.batches import (
     MicroBatch,
@@ -162,6 +163,7 @@ class MegatronActor(WeightCalls):
         self.offload: Any = None
         self.asleep = False
         self._last_offloaded = 0
+        self._asleep_memory: dict[str, float] = {}
         self._sleep_fingerprint: torch.Tensor | None = None
         self.weights: ActorWeights | None = None  # made by setup()
         self.reference: ReferenceModel | None = None  # the KL loss's reference, made by setup()
@@ -289,6 +291,8 @@ class MegatronActor(WeightCalls):
         """One rollout on this rank's partition (`vime.types.RankBatch`): seed steps 38–41."""
         self._check_awake("train")
         t0 = time.perf_counter()
+        if not self.cpu:
+            torch.cuda.reset_peak_memory_stats()
         with compat.device_mode():
             num_mb = list(batch.num_microbatches)
             recompute = bool(batch.recompute_log_probs)  # seed step 38, decided by the batch builder
@@ -352,6 +356,8 @@ class MegatronActor(WeightCalls):
             out["tis_weight"] = extra["tis_weight"] / rows
         if self.cfg.get_mismatch_metrics and rollout is not None:
             out["train_rollout_logprob_abs_diff"] = extra["train_rollout_logprob_abs_diff"] / rows
+        if not self.cpu:  # what training holds, and what the last sleep left for the engines to wake beside
+            out["memory"] = {**self._asleep_memory, **gpu_memory.measure("trained", self.offload)}
         return out
 
     def _advantages(self, batch: Any, old: Sequence[torch.Tensor] | None,
@@ -383,6 +389,7 @@ class MegatronActor(WeightCalls):
             # The activations and the optimizer step's temporaries sit in PyTorch's cache outside the
             # offloaded tags: hand them back too, or the engines' KV cache cannot be mapped again.
             torch.cuda.empty_cache()
+            self._asleep_memory = gpu_memory.measure("asleep", self.offload)
         self._last_offloaded = nbytes
         self.asleep = True
         return {"offloaded_bytes": nbytes, "backend": self.offload.name}

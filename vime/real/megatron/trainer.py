@@ -296,6 +296,8 @@ def fold_metrics(rollout_id: int, results: list[dict[str, Any]], *, trained_toke
     for key in ("kl_loss", "tis_weight", "train_rollout_logprob_abs_diff"):  # means over DP ranks
         if key in heads[0]:
             extra[key] = sum(float(r[key]) for r in heads) / n
+    for key in results[0].get("memory", {}):  # the fullest GPU decides whether the engines fit
+        extra[key] = max(float(r.get("memory", {}).get(key, 0.0)) for r in results)
     return TrainMetrics(
         rollout_id=rollout_id,
         loss=sum(r["loss"] for r in heads) / n,
