@@ -727,6 +727,24 @@ def pinned_samples(raw: dict) -> tuple[list[float], list[float]]:
     return alloc, free
 
 
+def bench_grad_bytes(res: dict) -> tuple[int, str]:
+    """Main-grad bytes per parameter the measured Megatron step ran with, and why: what it reports, else
+    what its state after init implies (bf16 params + fp32 master + Adam m, v = 14 B/param, the grads the
+    rest), else fp32. A run setting (--grad-reduce-in-bf16), so the step's rows are predicted with it but
+    the profile does not carry it."""
+    params = res.get("params") or 0
+    grads = (res.get("cumem_bytes_by_tag") or {}).get("grads")
+    if res.get("grad_dtype") in ("bf16", "fp32"):
+        return (2 if res["grad_dtype"] == "bf16" else 4), f"bench/megatron_step.py reported grad_dtype={res['grad_dtype']!r}"
+    if params and res.get("state_bytes_after_init"):
+        per = res["state_bytes_after_init"] / params
+        return (2 if per - _STATE_BYTES_NO_GRAD < 3 else 4), (
+            f"bench/megatron_step.py (grad_reduce_in_fp32=False): state after init {per:.2f} B/param = "
+            f"{_STATE_BYTES_NO_GRAD} (bf16 params, fp32 master, Adam m, v) + {per - _STATE_BYTES_NO_GRAD:.2f} of grads"
+            + (f"; grads region {grads / params:.2f} B/param" if grads else ""))
+    return 4, "not reported: fp32, Megatron's default for bf16"
+
+
 def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
     """The training stack of the measured Megatron step: (software section, one note per field).
 
@@ -749,18 +767,6 @@ def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
             f"Megatron-core{' ' + mcore if mcore else ''} local layer spec (bench/megatron_step.py builds it; "
             f"TransformerEngine {'installed ' + te + ' but ' if te else ''}not used): DotProductAttention "
             f"materialises the s x s scores")
-    params = res.get("params") or 0
-    grads = (res.get("cumem_bytes_by_tag") or {}).get("grads")
-    if res.get("grad_dtype") in ("bf16", "fp32"):
-        sw["train_grad_bytes"] = 2 if res["grad_dtype"] == "bf16" else 4
-        notes["software.train_grad_bytes"] = f"bench/megatron_step.py reported grad_dtype={res['grad_dtype']!r}"
-    elif params and res.get("state_bytes_after_init"):
-        per = res["state_bytes_after_init"] / params
-        sw["train_grad_bytes"] = 2 if per - _STATE_BYTES_NO_GRAD < 3 else 4
-        notes["software.train_grad_bytes"] = (
-            f"bench/megatron_step.py (grad_reduce_in_fp32=False): state after init {per:.2f} B/param = "
-            f"{_STATE_BYTES_NO_GRAD} (bf16 params, fp32 master, Adam m, v) + {per - _STATE_BYTES_NO_GRAD:.2f} of grads"
-            + (f"; grads region {grads / params:.2f} B/param" if grads else ""))
     classes = (res.get("software") or {}).get("layer0_classes") or {}
     norm_cls = classes.get("input_layernorm", "")
     if "transformer_engine" in norm_cls or "apex" in norm_cls or "Fused" in norm_cls:
@@ -1503,7 +1509,7 @@ def build_cpu_profile(raw: dict, *, name: str, raw_source: str = "") -> dict:
                        "host_copy_util": 1.0},
         "vmm": {"create_map_s_per_gib": 0.0, "unmap_release_s_per_gib": 0.0, "pinned_alloc_s_per_gib": 0.0,
                 "pinned_free_s_per_gib": 0.0},
-        "software": {"train_attention": "unfused", "train_grad_bytes": 4, "train_optimizer": "torch",
+        "software": {"train_attention": "unfused", "train_optimizer": "torch",
                      "train_norm": "torch", "train_elementwise": "unfused"},
         "engine": {}, "disk": {}, "sources": {},
     }
@@ -1535,7 +1541,6 @@ def build_cpu_profile(raw: dict, *, name: str, raw_source: str = "") -> dict:
         "vmm.pinned_alloc_s_per_gib": "0: nothing is offloaded on a CPU",
         "vmm.pinned_free_s_per_gib": "0: nothing is offloaded on a CPU",
         "software.train_attention": "vime's Megatron actor on a CPU: the local layer spec, no TransformerEngine or apex",
-        "software.train_grad_bytes": "4: the CPU actor trains float32",
         "software.train_optimizer": "torch: no fused Adam without apex/TransformerEngine",
         "software.train_norm": "torch: torch.nn.RMSNorm with float32 weights in a float32 model",
         "software.train_elementwise": "unfused: the local spec's SwiGLU and RoPE",

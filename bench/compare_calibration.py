@@ -39,7 +39,6 @@ from vime.sim.trainer import (  # noqa: E402
     OPTIMIZER_BYTES,
     PARAM_BYTES,
     compute_seconds,
-    grad_bytes,
     optimizer_step_bytes,
     optimizer_transient_bytes,
     rope_bytes,
@@ -49,7 +48,7 @@ from vime.sim.trainer import (  # noqa: E402
 )
 
 sys.path.insert(0, str(ROOT / "bench"))
-from calibrate import MEGATRON_MODELS, merge_raw, pinned_samples  # noqa: E402
+from calibrate import MEGATRON_MODELS, bench_grad_bytes, merge_raw, pinned_samples  # noqa: E402
 from calibrate import _megatron_software as megatron_software  # noqa: E402
 
 GIB = 1 << 30
@@ -188,6 +187,7 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
         spec = load_model(MEGATRON_MODELS[res["preset"]])
         sw, _ = megatron_software(res, {})
         run_hw = dataclasses.replace(hw, software=dataclasses.replace(hw.software, **sw))
+        grads, _ = bench_grad_bytes(res)
         params = spec.num_params()
         tag = " (state in vime CuMem regions)" if res.get("cumem") else ""
         tag += " [bf16 norms]" if res.get("cast_bf16") else ""
@@ -200,19 +200,19 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
             q = f"{res['preset']} {mbs}x{seq}{tag}"
             add(group, f"fwd {q}", e["fwd_s_median"], fwd, "s")
             add(group, f"bwd {q}", e["bwd_s_median"], bwd, "s")
-            opt = params * optimizer_step_bytes(run_hw) / streaming_bytes_per_s(run_hw)
+            opt = params * optimizer_step_bytes(run_hw, grads) / streaming_bytes_per_s(run_hw)
             add(group, f"optimizer {q}", e["opt_s_median"], opt, "s",
-                f"{run_hw.software.train_optimizer} optimizer: {optimizer_step_bytes(run_hw)} B/param")
+                f"{run_hw.software.train_optimizer} optimizer: {optimizer_step_bytes(run_hw, grads)} B/param")
             tokens = mbs * seq
             act = spec.activation_bytes_per_token(1, 1, "none", sequence_parallel=False,
                                                   **software_terms(run_hw)) * tokens
             extra = score_bytes(spec, run_hw, lengths) + rope_bytes(spec, run_hw, lengths)
-            state = params * (PARAM_BYTES + grad_bytes(run_hw) + OPTIMIZER_BYTES)
-            transient = params * optimizer_transient_bytes(run_hw)
+            state = params * (PARAM_BYTES + grads + OPTIMIZER_BYTES)
+            transient = params * optimizer_transient_bytes(run_hw, grads)
             add(group, f"peak allocated {q}", e["peak_allocated_bytes"], state + max(act + extra, transient), "B",
                 f"{run_hw.software.train_attention} attention ({extra / GIB:.1f} GiB of s^2 scores, masks and RoPE "
-                f"tables), {run_hw.software.train_norm} norms, {grad_bytes(run_hw)}-byte grads; the optimizer "
-                f"step's {optimizer_transient_bytes(run_hw)} B/param when larger")
+                f"tables), {run_hw.software.train_norm} norms, {grads}-byte grads; the optimizer "
+                f"step's {optimizer_transient_bytes(run_hw, grads)} B/param when larger")
         for c in res.get("cumem_cycles", []):
             p, w = c["pause"], c["resume"]
             def pause(h: HardwareSpec, p=p) -> float:

@@ -72,6 +72,13 @@ def optimizer(a: Any) -> dict[str, Any]:
     return optimizer_settings(actor(a))
 
 
+def ddp(a: Any) -> dict[str, Any]:
+    """The fields of Megatron's DistributedDataParallelConfig the actor builds (vime.real.megatron.build)."""
+    from vime.real.megatron.build import ddp_settings
+
+    return ddp_settings(actor(a))
+
+
 def model(a: Any) -> dict[str, Any]:
     """The TransformerConfig fields the options set (precision, recompute)."""
     from vime.real.megatron.build import model_settings

@@ -74,6 +74,7 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "pipeline_model_parallel_size": Refused(("--pipeline-model-parallel-size", "2"), "--tensor-model-parallel-size"),
     "context_parallel_size": Refused(("--context-parallel-size", "2"), "--tensor-model-parallel-size"),
     "use_distributed_optimizer": Effect(("--no-use-distributed-optimizer",), P.optimizer),
+    "grad_reduce_in_bf16": Effect(("--grad-reduce-in-bf16",), P.ddp),
     "recompute_granularity": Effect(("--recompute-granularity", "full"), P.model),
     "sequence_parallel": Refused(("--sequence-parallel",), "vime simulate"),
     # MoE (issue 21): the real trainer trains Qwen3-MoE at any EP × ETP (MegatronActor.setup), the engines take

@@ -125,7 +125,7 @@ def test_rebuilt_profile_agrees_with_the_hand_fitted_preset(rebuilt: Path):
     spec = load_hardware(str(rebuilt))
     # the first-step residue is fitted on whole RL steps (bench/fit_trainer_residue.py), not on calibrate.py's inputs
     assert spec.software == dataclasses.replace(PRESET.software, train_step_residue_bytes=0) \
-        == Software("unfused", 2, "torch", "torch", "unfused")
+        == Software("unfused", "torch", "torch", "unfused")
     ours, theirs = _numbers(spec), _numbers(PRESET)
     assert set(ours) == set(theirs) == set(TOLERANCE) | NOT_COMPARED
     off = {k: (ours[k], theirs[k]) for k, tol in TOLERANCE.items()
@@ -182,26 +182,28 @@ def test_without_vllm_json_the_host_step_comes_from_the_base_with_a_note():
     assert "vllm_bench.py" not in dict(spec.provenance)["command"]
 
 
-@pytest.mark.parametrize(("result", "packages", "expected"), [
+@pytest.mark.parametrize(("result", "packages", "expected", "grads"), [
     # the committed run: local spec, bf16 grads (16 B/param of state), torch AdamW
     # (an older run: no classes recorded, norm weights never cast → torch's composite norms)
     ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW"}, {},
-     Software("unfused", 2, "torch", "torch_fp32_weight", "unfused")),
+     Software("unfused", "torch", "torch_fp32_weight", "unfused"), 2),
     # fp32 main grads: 18 B/param; apex / TE fused Adam
     ({"params": 1000, "state_bytes_after_init": 18000, "torch_optimizer": "FusedAdam"},
-     {"apex": "0.1"}, Software("unfused", 4, "fused", "torch_fp32_weight", "unfused")),
+     {"apex": "0.1"}, Software("unfused", "fused", "torch_fp32_weight", "unfused"), 4),
     # the model cast to bf16 as vime's actor does: torch's RMSNorm takes its fused kernel
     ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW", "cast_bf16": True,
       "software": {"layer0_classes": {"input_layernorm": "torch.nn.modules.normalization.RMSNorm"}}}, {},
-     Software("unfused", 2, "torch", "torch", "unfused")),
+     Software("unfused", "torch", "torch", "unfused"), 2),
     # a step that reports its stack explicitly wins over the inference
     ({"params": 1000, "state_bytes_after_init": 16000, "torch_optimizer": "AdamW", "transformer_engine": True,
-      "grad_dtype": "fp32"}, {"transformer_engine": "2.4"}, Software("flash", 4, "torch")),
+      "grad_dtype": "fp32"}, {"transformer_engine": "2.4"}, Software("flash", "torch"), 4),
 ])
-def test_software_section_follows_what_the_megatron_step_ran(result, packages, expected):
+def test_software_section_follows_what_the_megatron_step_ran(result, packages, expected, grads):
     sw, notes = CAL._megatron_software(result, {"packages": packages})
     assert Software(**sw) == expected
     assert set(notes) == {f"software.{k}" for k in sw}
+    # the grads' dtype is the run's: the bench's rows are predicted with it, the profile does not carry it
+    assert CAL.bench_grad_bytes(result)[0] == grads
 
 
 def test_cli_names_a_missing_raw_file(tmp_path: Path):

@@ -81,7 +81,7 @@ def test_measured_preset_records_its_provenance_and_software():
     assert {"machine", "driver", "date", "command"} <= set(prov)
     assert prov["driver"] == CAL["env"]["driver"]
     assert "calibrate.py" in prov["command"] and "H200" in prov["machine"]
-    assert MEASURED.software == Software("unfused", 2, "torch", "torch", "unfused",
+    assert MEASURED.software == Software("unfused", "torch", "torch", "unfused",
                                          train_step_residue_bytes=MEASURED.software.train_step_residue_bytes)
     assert MEASURED.software.train_step_residue_bytes > 0  # bench/fit_trainer_residue.py
     # measured rates, not datasheet ones
@@ -96,7 +96,7 @@ def test_datasheet_presets_keep_the_production_training_stack():
     for name in ("H100-SXM-80G", "H200-141G", "A100-80G"):
         hw = load_hardware(name)
         assert hw.software == Software()
-        assert (grad_bytes(hw), optimizer_step_bytes(hw)) == (4, ADAM_STEP_BYTES)
+        assert (grad_bytes(), optimizer_step_bytes(hw)) == (4, ADAM_STEP_BYTES)
         assert score_bytes(QWEN3_4B, hw, [4096]) == 0.0
         # vLLM's per-step host work is host software, not GPU: every preset carries the H200 fit
         measured = load_hardware("H200-141G-measured").efficiency
@@ -106,7 +106,7 @@ def test_datasheet_presets_keep_the_production_training_stack():
 
 @pytest.mark.parametrize(("section", "value", "needle"), [
     ({"train_attention": "sdpa"}, None, "train_attention"),
-    ({"train_grad_bytes": 3}, None, "train_grad_bytes"),
+    ({"train_grad_bytes": 2}, None, "--grad-reduce-in-bf16"),  # the run's setting since issue 17
     ({"train_optimizer": "sgd"}, None, "train_optimizer"),
     ({"fused_rope": True}, None, "unknown software"),
 ])
@@ -415,13 +415,14 @@ def test_megatron_local_spec_step_times(shape):
     fwd, bwd = compute_seconds(QWEN3_17B, _run_hw(MEGATRON), [shape["seq"]] * shape["mbs"])
     assert _err(fwd, shape["fwd_s_median"]) < 0.10
     assert _err(bwd, shape["bwd_s_median"]) < 0.10
-    assert optimizer_step_bytes(MEASURED) == TORCH_ADAMW_STEP_BYTES + 6  # + copying 2-byte grads into fp32
-    opt = QWEN3_17B.num_params() * optimizer_step_bytes(MEASURED) / streaming_bytes_per_s(MEASURED)
+    # the bench ran 2-byte grads (grad_reduce_in_fp32=False)
+    assert optimizer_step_bytes(MEASURED, 2) == TORCH_ADAMW_STEP_BYTES + 6  # + copying 2-byte grads into fp32
+    opt = QWEN3_17B.num_params() * optimizer_step_bytes(MEASURED, 2) / streaming_bytes_per_s(MEASURED)
     assert _err(opt, shape["opt_s_median"]) < 0.10
     # the fused-Adam assumption (30 B/param) is > 60 % short of the torch AdamW run
     fused = dataclasses.replace(MEASURED, software=dataclasses.replace(MEASURED.software, train_optimizer="fused"))
     assert optimizer_step_bytes(fused) == ADAM_STEP_BYTES
-    assert _err(opt * ADAM_STEP_BYTES / optimizer_step_bytes(MEASURED), shape["opt_s_median"]) > 0.6
+    assert _err(opt * ADAM_STEP_BYTES / optimizer_step_bytes(MEASURED, 2), shape["opt_s_median"]) > 0.6
 
 
 def test_unfused_attention_computes_the_full_square_and_streams_the_scores():
@@ -485,7 +486,7 @@ def test_megatron_activation_model_matches_the_saved_tensors(name, i):
     seq = (score_bytes(QWEN3_17B, hw, lengths) + rope_bytes(QWEN3_17B, hw, lengths)) / QWEN3_17B.num_layers / tokens
     assert per_layer + seq == pytest.approx(shape["accounting"]["saved"]["per_layer_bytes_per_token"][0], rel=1e-9)
     act = QWEN3_17B.activation_bytes_per_token(1, 1, "none", sequence_parallel=False, **terms) * tokens
-    state = QWEN3_17B.num_params() * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES)
+    state = QWEN3_17B.num_params() * (PARAM_BYTES + grad_bytes(bf16_grads=True) + OPTIMIZER_BYTES)
     assert _err(state + act + score_bytes(QWEN3_17B, hw, lengths) + rope_bytes(QWEN3_17B, hw, lengths),
                 shape["peak_allocated_bytes"]) < 0.01
 
@@ -497,14 +498,14 @@ def test_megatron_local_spec_peak_memory(shape):
     hw = _run_hw(MEGATRON)
     params = QWEN3_17B.num_params()
     act = QWEN3_17B.activation_bytes_per_token(1, 1, "none", sequence_parallel=False, **software_terms(hw)) * sum(lengths)
-    pred = (params * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES) + act + score_bytes(QWEN3_17B, hw, lengths)
+    pred = (params * (PARAM_BYTES + grad_bytes(bf16_grads=True) + OPTIMIZER_BYTES) + act + score_bytes(QWEN3_17B, hw, lengths)
             + rope_bytes(QWEN3_17B, hw, lengths))
     assert _err(pred, shape["peak_allocated_bytes"]) < 0.01
     expanded = 3 * 2 * QWEN3_17B.num_attention_heads * QWEN3_17B.head_dim * QWEN3_17B.num_layers * sum(lengths)
     mask = QWEN3_17B.num_layers * max(lengths) ** 2
     assert score_bytes(QWEN3_17B, hw, lengths) == 6 * QWEN3_17B.score_elements(lengths) + expanded + mask
     # state after init was measured too: 16 B/param with 2-byte grads
-    assert params * (PARAM_BYTES + grad_bytes(hw) + OPTIMIZER_BYTES) == pytest.approx(
+    assert params * (PARAM_BYTES + grad_bytes(bf16_grads=True) + OPTIMIZER_BYTES) == pytest.approx(
         MEGATRON["state_bytes_after_init"], rel=0.01)
     # recompute: selective drops the scores, full keeps one layer's
     assert score_bytes(QWEN3_17B, hw, lengths, recompute="selective") == expanded / 3  # the query only
@@ -515,11 +516,14 @@ def test_megatron_local_spec_peak_memory(shape):
 def test_sim_trainer_uses_the_profiles_software():
     from vime.config import parse_args
     from vime.sim.trainer import SimTrainer
-    args = parse_args(["--no-colocate", "--no-offload-train", "--rollout-num-gpus", "8"], command="simulate")
+    base = ["--no-colocate", "--no-offload-train", "--rollout-num-gpus", "8"]
     plans = {}
-    for name, hw in (("flash", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes)),
-                     ("unfused", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes,
-                                                     software=Software("unfused", 2, "torch")))):
+    # the grads' dtype is the run's (--grad-reduce-in-bf16), the rest the profile's software
+    for name, hw, flags in (("flash", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes), []),
+                            ("unfused", dataclasses.replace(H100, memory_bytes=MEASURED.memory_bytes,
+                                                            software=Software("unfused", "torch")),
+                             ["--grad-reduce-in-bf16"])):
+        args = parse_args([*base, *flags], command="simulate")
         cl = SimCluster.create(simpy.Environment(), hw, 8)
         tr = SimTrainer(args.cluster, args.parallel, args.algo, QWEN3_4B, cl, seed=args.seed)
         plans[name] = (tr, tr.memory_plan(2048, [1024, 1024]), tr._optimizer_seconds())

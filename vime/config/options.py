@@ -99,6 +99,9 @@ class ParallelConfig:
                                                 "--backend real, whose trainer cannot run it)",
                                          negatable=True)
     bf16: bool = opt(False, "train in bfloat16 (Megatron's --bf16; default: bfloat16 on GPUs, float32 on CPU)")
+    grad_reduce_in_bf16: bool = opt(False, "accumulate and reduce gradients in the training dtype (Megatron's "
+                                           "--grad-reduce-in-bf16): 2-byte grads under bfloat16 instead of fp32 "
+                                           "main grads, half their memory and traffic")
     fp16: bool = opt(False, "train in float16 with a dynamic loss scale (Megatron's --fp16)")
 
 

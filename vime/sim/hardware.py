@@ -46,7 +46,6 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
       },
       "software": {                               # the training stack the profile describes (optional)
         "train_attention": "flash",               # "flash" (fused, causal) or "unfused" (s^2 scores kept)
-        "train_grad_bytes": 4,                    # main-grad bytes per parameter: 4 (fp32) or 2 (bf16)
         "train_optimizer": "fused",               # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
         "train_norm": "fused",                    # what RMSNorm keeps: "fused", "torch" or "torch_fp32_weight"
         "train_elementwise": "fused",             # SwiGLU and RoPE kernels: "fused" or "unfused"
@@ -310,6 +309,9 @@ class HardwareSpec:
         raw_sw = data.get("software", {})
         if not isinstance(raw_sw, dict):
             raise ConfigError(f"hardware profile {origin}: software must be an object")
+        if "train_grad_bytes" in raw_sw:  # moved to the run in issue 17: a measured bench's grads are not the user's
+            raise ConfigError(f"hardware profile {origin}: software.train_grad_bytes is not a profile field any more: "
+                              "delete it; the grads' dtype is the run's (--grad-reduce-in-bf16 for 2-byte grads)")
         sw_names = {f.name for f in fields(Software)}
         bad_sw = sorted(set(raw_sw) - sw_names)
         if bad_sw:

@@ -175,10 +175,10 @@ TRAIN_ELEMENTWISE = ("fused", "unfused")
 @dataclass(frozen=True)
 class Software:
     """The training software the profile describes; the defaults are a production Megatron stack
-    (TransformerEngine flash attention and fused norms and elementwise kernels, fp32 main grads, fused Adam)."""
+    (TransformerEngine flash attention and fused norms and elementwise kernels, fused Adam). The grads' dtype
+    is the run's, not the profile's (--grad-reduce-in-bf16)."""
 
     train_attention: str = "flash"
-    train_grad_bytes: int = 4
     train_optimizer: str = "fused"
     train_norm: str = "fused"
     train_elementwise: str = "fused"
@@ -193,8 +193,6 @@ class Software:
                               f"got {self.train_step_residue_bytes!r}")
         if self.train_attention not in TRAIN_ATTENTION:
             raise ConfigError(f"software.train_attention must be one of {TRAIN_ATTENTION}, got {self.train_attention!r}")
-        if self.train_grad_bytes not in (2, 4):
-            raise ConfigError(f"software.train_grad_bytes must be 2 (bf16) or 4 (fp32), got {self.train_grad_bytes!r}")
         if self.train_optimizer not in TRAIN_OPTIMIZERS:
             raise ConfigError(f"software.train_optimizer must be one of {TRAIN_OPTIMIZERS}, got {self.train_optimizer!r}")
         if self.train_norm not in TRAIN_NORMS:

@@ -63,6 +63,7 @@ class ActorConfig:
     expert_model_parallel_size: int = 1  # MoE: EP splits the routed experts (whole ones) over ranks
     expert_tensor_parallel_size: int | None = None  # None: vime.sim.moe.effective_expert_tp (1 with EP, else TP)
     use_distributed_optimizer: bool = False
+    grad_reduce_in_bf16: bool = False  # DDP's grads in the training dtype, not fp32 (--grad-reduce-in-bf16)
     lr: float = 1e-6
     weight_decay: float = 0.0
     adam_beta1: float = 0.9

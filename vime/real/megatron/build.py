@@ -88,6 +88,12 @@ def optimizer_settings(cfg: ActorConfig) -> dict[str, Any]:
                 use_distributed_optimizer=cfg.use_distributed_optimizer)
 
 
+def ddp_settings(cfg: ActorConfig) -> dict[str, Any]:
+    """Megatron's DistributedDataParallelConfig fields (--grad-reduce-in-bf16, --use-distributed-optimizer)."""
+    return dict(grad_reduce_in_fp32=not cfg.grad_reduce_in_bf16, overlap_grad_reduce=False,
+                use_distributed_optimizer=cfg.use_distributed_optimizer)
+
+
 def model_settings(cfg: ActorConfig) -> dict[str, Any]:
     """The TransformerConfig fields the options set beyond the model's shape (precision, --recompute-granularity)."""
     return {"dtype": cfg.torch_dtype, **mmodel.recompute_overrides(cfg.recompute_granularity)}
@@ -117,9 +123,7 @@ def build_model(spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, cpu: bool,
             module = module.to(cfg.torch_dtype)
         if not cpu:
             module = module.cuda()
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-        use_distributed_optimizer=cfg.use_distributed_optimizer)
+    ddp_config = DistributedDataParallelConfig(**ddp_settings(cfg))
     with offload.region("grads"), _ParamBufferInParams(offload, cfg.torch_dtype):
         model = DistributedDataParallel(config=tf_config, ddp_config=ddp_config, module=module)
     if moved_by_ddp:

@@ -81,6 +81,7 @@ class ActorCostModel:
             raise ConfigError(f"recompute must be none, selective or full, got {recompute!r}")
         self.recompute: Recompute = recompute
         self.distributed_optimizer = parallel.use_distributed_optimizer
+        self.grad_bytes = grad_bytes(bool(getattr(parallel, "grad_reduce_in_bf16", False)))
         # --sequence-parallel (resolved: on when TP > 1 unless --no-sequence-parallel) splits the norm and
         # dropout activations over the TP ranks
         sp = getattr(parallel, "sequence_parallel", None)
@@ -117,7 +118,7 @@ class ActorCostModel:
         copies = 2 if self.reference else 1
         return {
             "params": [p * PARAM_BYTES * copies for p in params],
-            "grads": [p * grad_bytes(self.hw) for p in params],
+            "grads": [p * self.grad_bytes for p in params],
             "optimizer": [p * OPTIMIZER_BYTES for p in self._optimizer_shards()],
         }
 
@@ -140,7 +141,7 @@ class ActorCostModel:
 
     def optimizer_transient_per_gpu(self) -> list[int]:
         """Bytes the optimizer step allocates on each actor GPU on top of the state (its shard's)."""
-        per = optimizer_transient_bytes(self.hw)
+        per = optimizer_transient_bytes(self.hw, self.grad_bytes)
         return [p * per for p in self._optimizer_shards()]
 
     def activation_bytes(self, tokens: int, lengths: Sequence[int] | None = None) -> int:
@@ -241,7 +242,7 @@ class ActorCostModel:
         lay = self.layout
         params = max(self.params_per_gpu())
         shard = lay.dp * lay.cp if self.distributed_optimizer else 1
-        grads = params * grad_bytes(self.hw)
+        grads = params * self.grad_bytes
         net = lay.dp_crosses_nodes
         # Megatron's DDP reduces the grads in buckets of max(40M, 1M·DP) parameters, one call each.
         buckets = max(1, math.ceil(params / max(40_000_000, 1_000_000 * lay.dp * lay.cp)))
@@ -257,7 +258,7 @@ class ActorCostModel:
         else:
             reduce, gather = self.hw.allreduce_seconds(grads, lay.dp * lay.cp, inter_node=net, calls=buckets), 0.0
         shard_params = max(self._optimizer_shards()) if experts else math.ceil(params / shard)
-        step = shard_params * optimizer_step_bytes(self.hw) / streaming_bytes_per_s(self.hw)
+        step = shard_params * optimizer_step_bytes(self.hw, self.grad_bytes) / streaming_bytes_per_s(self.hw)
         host = self.hw.efficiency.train_host_step_s
         step = max(step, host) if self.hw.host_overlaps_compute else step + host
         return reduce + step + gather
@@ -265,7 +266,7 @@ class ActorCostModel:
     def _grad_sync_seconds(self, params: int, group: int, inter_node: bool) -> tuple[float, float]:
         """(grad reduce, param gather) of `params` parameters over a data-parallel `group` (MoE models)."""
         buckets = max(1, math.ceil(params / max(40_000_000, 1_000_000 * group)))
-        grads = params * grad_bytes(self.hw)
+        grads = params * self.grad_bytes
         if self.distributed_optimizer:
             return (self.hw.allgather_seconds(grads, group, inter_node=inter_node, calls=buckets),
                     self.hw.allgather_seconds(params * PARAM_BYTES, group, inter_node=inter_node, calls=buckets))

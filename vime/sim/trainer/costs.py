@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vime.sim.trainer.footprint import grad_bytes
+from vime.sim.trainer.footprint import GRAD_BYTES
 
 if TYPE_CHECKING:
     from vime.sim.hardware import HardwareSpec
@@ -56,10 +56,11 @@ ROPE_UNFUSED_EXTRA_BYTES = 18
 CHECKPOINT_BYTES_PER_S = 2e9
 
 
-def optimizer_step_bytes(hw: HardwareSpec) -> int:
-    """HBM bytes per parameter of one optimizer step: fused Adam, or torch AdamW kernel by kernel."""
+def optimizer_step_bytes(hw: HardwareSpec, grads: int = GRAD_BYTES) -> int:
+    """HBM bytes per parameter of one optimizer step: fused Adam, or torch AdamW kernel by kernel (`grads`
+    bytes per main grad)."""
     if hw.software.train_optimizer == "torch":
-        return TORCH_ADAMW_STEP_BYTES + (6 if grad_bytes(hw) == 2 else 0)
+        return TORCH_ADAMW_STEP_BYTES + (6 if grads == 2 else 0)
     return ADAM_STEP_BYTES
 
 

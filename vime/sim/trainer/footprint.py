@@ -24,23 +24,28 @@ PARAM_BYTES = 2  # bf16 model weights
 GRAD_BYTES = 4  # fp32 main grads (Megatron accumulates bf16 runs in fp32)
 OPTIMIZER_BYTES = 12  # fp32 master weights + Adam m + Adam v
 #: Bytes per parameter (of the optimizer's shard) alive during a torch AdamW step under Megatron's
-#: mixed-precision optimizer with 2-byte model grads: the fp32 copies of the grads it steps on and
-#: one fp32 foreach temporary (8.00–8.01 measured on the H200, issue 12). A fused Adam steps in
-#: place on fp32 main grads: 0.
-TORCH_ADAMW_TRANSIENT_BYTES = 8
+#: mixed-precision optimizer: one fp32 foreach temporary, and with 2-byte model grads the fp32 copies
+#: of the grads it steps on (8.00–8.01 measured with 2-byte grads on the H200, issue 12; with fp32
+#: main grads `.float()` is the grad itself). A fused Adam steps in place: 0.
+TORCH_ADAMW_TRANSIENT_BYTES = 4
+TORCH_ADAMW_BF16_GRAD_COPY_BYTES = 4
 #: Unfused core attention keeps for the backward, per score element, the fp32 softmax output (4)
 #: and the bf16 probs the bmm saves (2).
 UNFUSED_SCORE_KEPT_BYTES = 6
 
 
-def optimizer_transient_bytes(hw: HardwareSpec) -> int:
-    """Bytes per parameter the optimizer step allocates on top of the state (the profile's optimizer)."""
-    return TORCH_ADAMW_TRANSIENT_BYTES if hw.software.train_optimizer == "torch" else 0
+def optimizer_transient_bytes(hw: HardwareSpec, grads: int = GRAD_BYTES) -> int:
+    """Bytes per parameter the optimizer step allocates on top of the state (the profile's optimizer, `grads`
+    bytes per main grad)."""
+    if hw.software.train_optimizer != "torch":
+        return 0
+    return TORCH_ADAMW_TRANSIENT_BYTES + (TORCH_ADAMW_BF16_GRAD_COPY_BYTES if grads == 2 else 0)
 
 
-def grad_bytes(hw: HardwareSpec) -> int:
-    """Main-grad bytes per parameter of the profile's training stack (fp32 by default, bf16 when so described)."""
-    return int(hw.software.train_grad_bytes)
+def grad_bytes(bf16_grads: bool = False) -> int:
+    """Main-grad bytes per parameter: fp32, as Megatron accumulates and reduces a bf16 run's grads, or bf16
+    with --grad-reduce-in-bf16 (the run's choice, not the profile's)."""
+    return 2 if bf16_grads else GRAD_BYTES
 
 
 def software_terms(hw: HardwareSpec) -> dict[str, str]:
