@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -391,6 +392,10 @@ class MegatronActor(WeightCalls):
             # offloaded tags: hand them back too, or the engines' KV cache cannot be mapped again.
             torch.cuda.empty_cache()
             self._asleep_memory = gpu_memory.measure("asleep", self.offload)
+            # also in the log: a wake that fails (OOM) ends the run before the next step reports it
+            print(f"[vime trainer rank {self.rank}] asleep: " + ", ".join(
+                f"{k.removeprefix('memory/asleep_')} {v:.2f}" for k, v in self._asleep_memory.items()),
+                file=sys.stderr, flush=True)
         self._last_offloaded = nbytes
         self.asleep = True
         return {"offloaded_bytes": nbytes, "backend": self.offload.name}
