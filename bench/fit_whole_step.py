@@ -24,6 +24,11 @@ Each term is structural (one value for every model, batch and run) and fitted on
    load_per_tensor_s per tensor, until then an estimate of 20 us): closed form on vLLM alone (16 buckets of 399
    tensors) and the MoE whole step of the second 2026-12-02 lease (6 buckets, 1,575 tensors). Held out: every dense
    whole step's perf/update_weights_load_time (2..8 buckets of 311 or 399 tensors).
+6. Process memory outside the allocators (software.trainer_process_bytes beyond the CUDA context, and
+   engine.outside_budget_bytes (EngineSettings) beyond vLLM's --gpu-memory-utilization budget): the per-process GPU
+   samples (gpu_procs.csv, nvidia-smi) of the third 2026-12-02 lease at the GPU's fullest moment, the trainer
+   asleep; the trainer's own count of what its allocator holds then (memory/asleep_* in train.jsonl) is taken
+   off. Fitted on the Qwen3-4B `all` run; held out: the MoE run and the 4B run with the trainer resident.
 4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
    micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
    Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
@@ -152,6 +157,11 @@ RUN_SPECS = {
     "qwen3-4b-cumem-1g_mbs2_2026-12-02s6": ("qwen3-4b", "cumem", {"MBS": "2"}),
     "qwen3-0.6b-cumem-1g_2026-12-02s6": ("qwen3-0.6b", "cumem", {}),
     MOE_RUN: ("qwen3-30b-a3b-4l", "cumem", {}),
+    # the third lease (per-process memory samples), predicted on 77859da before it ran (plan040: on the machine)
+    "qwen3-4b-cumem-1g_mbs2_2026-12-02s7": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-30b-a3b-4l-cumem-1g_mbs2_2026-12-02s7": ("qwen3-30b-a3b-4l", "cumem", {"MBS": "2", "NUM_ROLLOUT": "2"}),
+    "qwen3-4b-cumem-1g_mbs2_plan040_2026-12-02s7": ("qwen3-4b", "cumem", {
+        "MBS": "2", "EXTRA_ARGS": "--train-offload-plan activations --gpu-memory-utilization 0.4"}),
 }
 
 
@@ -199,6 +209,45 @@ def solve(f, target: float, lo: float, hi: float, *, increasing: bool, iters: in
         else:
             hi = mid
     return (lo * hi) ** 0.5
+
+
+#: The runs with per-process samples; the first is fitted on.
+PROC_RUNS = ("qwen3-4b-cumem-1g_mbs2_2026-12-02s7", "qwen3-30b-a3b-4l-cumem-1g_mbs2_2026-12-02s7",
+             "qwen3-4b-cumem-1g_mbs2_plan040_2026-12-02s7")
+MIB = 1 << 20
+
+
+def process_outside(run: str, profile: dict) -> tuple[int, int]:
+    """(trainer bytes outside its allocator, engine bytes beyond its budget) at the run's fullest GPU sample."""
+    d = RUNS / run
+    totals: dict[str, dict[str, int]] = {}
+    for line in (d / "gpu_procs.csv").read_text().splitlines():
+        t, pid, mib = line.split(",")
+        totals.setdefault(f"{float(t):.1f}", {})[pid] = int(mib)
+    events = [json.loads(x) for x in (d / "train.jsonl").read_text().splitlines() if x.startswith("{")]
+    trainer_pid = str(next(e for e in events if e.get("event") == "placement")["trainer_ranks"][0]["pid"])
+    sample = max((s for s in totals.values() if len(s) == 2), key=lambda s: sum(s.values()))
+    engine_mib = next(m for p, m in sample.items() if p != trainer_pid)
+    m = [e for e in events if e.get("event") == "step"][-1]["metrics"]
+    held = sum(m[f"memory/asleep_{k}_gib"] for k in ("params", "grads", "optimizer", "torch_cache")) * GIB
+    util = json.loads((d / "sim.json").read_text())["config"]["gpu_memory_utilization"]
+    return (int(sample[trainer_pid] * MIB - held), int(engine_mib * MIB - int(util * profile["memory_bytes"])))
+
+
+def process_terms(profile: dict) -> tuple[dict[str, int], list[str]]:
+    """The two process-memory terms from PROC_RUNS[0], and measured vs committed on every run."""
+    trainer, engine = process_outside(PROC_RUNS[0], profile)
+    fitted = {"software.trainer_process_bytes": round((trainer - profile["cuda_context_bytes"]) / MIB) * MIB,
+              "engine.outside_budget_bytes": round(engine / MIB) * MIB}
+    have_t = profile["cuda_context_bytes"] + profile.get("software", {}).get("trainer_process_bytes", 0)
+    have_e = profile.get("engine", {}).get("outside_budget_bytes", 0)
+    lines = []
+    for run in PROC_RUNS:
+        t, e = process_outside(run, profile)
+        lines.append(f"{run:44s} trainer outside its allocator {t / GIB:5.2f} GiB (model {have_t / GIB:5.2f}), "
+                     f"engine beyond its budget {e / GIB:5.2f} GiB (model {have_e / GIB:5.2f})"
+                     + ("  [fitted]" if run == PROC_RUNS[0] else "  [held out]"))
+    return fitted, lines
 
 
 def with_values(profile: dict, values: dict[str, float]) -> dict:
@@ -278,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in buckets.items():
             print(f"   EngineSettings.{k} = {v}")
         wake.update(buckets)
+        procs, proc_lines = process_terms(profile)
+        print("6. Process memory outside the allocators (the third lease's per-process samples):")
+        for k, v in procs.items():
+            print(f"   {k} = {v} ({v / GIB:.3f} GiB)")
+        for line in proc_lines:
+            print("   " + line)
+        fitted.update(procs)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
         settings = EngineSettings()
         bad = [f"{k}: committed {committed[k]}, fit {v}" for k, v in fitted.items() if committed[k] != v]

@@ -129,3 +129,21 @@ def test_simulate_prints_the_plan_bytes_moved_and_the_saving(capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "Offload (--train-offload-plan optimizer):" in out and "GiB moved per step" in out
     assert "against all at --gpu-memory-utilization 0.5: T_step" in out and "saves" in out
+
+
+def test_auto_refuses_a_plan_that_fits_with_less_than_its_margin():
+    """A plan 1.6 GiB from the edge fit in the simulator and ran out of memory on the H200 (2026-12-02)."""
+    from types import SimpleNamespace
+
+    from vime.runs.offload import AUTO_HEADROOM, _short_of_margin
+
+    cap = 100 << 30
+
+    def sim(peak: int) -> SimpleNamespace:
+        gpu = SimpleNamespace(index=0, capacity=cap)
+        rec = SimpleNamespace(gpu_peaks={0: SimpleNamespace(bytes=peak)})
+        return SimpleNamespace(backends=SimpleNamespace(gpus=[gpu], recorder=rec))
+
+    edge = int(cap * (1 - AUTO_HEADROOM))
+    assert _short_of_margin(sim(edge)) == ""
+    assert "under the 2% margin" in _short_of_margin(sim(edge + (1 << 20)))

@@ -18,8 +18,8 @@
 #               seed: the 0.45 B model with an 8192-token tokenizer (scripts/h200_train/seed_model.py);
 #               qwen3-30b-a3b-4l: Qwen3-30B-A3B's MoE body with 4 layers (3.1 B params, 128 experts, top-8)
 #   OFFLOAD     cumem (default) | torch_memory_saver: --train-offload-backend
-#   MBS         --micro-batch-size (default 4 for qwen3-4b, else 8: 8 x 1152 tokens of the 4B model do not
-#               fit beside its state, the simulator says so)
+#   MBS         --micro-batch-size (default 2 for qwen3-4b, else 8: 4 x 1152 tokens of the 4B model ran out of
+#               memory on the H200 in the first lease, and with fp32 grads and the process memory the simulator says so)
 #   RESPONSE_LEN (default 1024): the response cap, which every response reaches (no EOS)
 #   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
 #   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
@@ -36,7 +36,7 @@ MODEL=${MODEL:-qwen3-4b}
 OFFLOAD=${OFFLOAD:-cumem}
 NUM_ROLLOUT=${NUM_ROLLOUT:-3}
 case "$MODEL" in
-  qwen3-4b) MBS=${MBS:-4}; VOCAB=151936 ;;
+  qwen3-4b) MBS=${MBS:-2}; VOCAB=151936 ;;
   qwen3-0.6b) MBS=${MBS:-8}; VOCAB=151936 ;;
   qwen3-30b-a3b-4l) MBS=${MBS:-4}; VOCAB=151936 ;;
   seed) MBS=${MBS:-8}; VOCAB=8192 ;;

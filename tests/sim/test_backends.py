@@ -11,6 +11,7 @@ from vime.errors import SimulationError
 from vime.protocols import EngineMemory, GenerateRequest, TrainerState, WeightBucket
 from vime.sim import clock
 from vime.sim.backends import SimBackends, build_sim_backends
+from vime.sim.trainer.footprint import trainer_context_bytes
 
 
 def test_seed_scenario_placement_and_startup_state() -> None:
@@ -29,7 +30,7 @@ def test_seed_scenario_placement_and_startup_state() -> None:
         # What stays mapped on a GPU: both processes' CUDA contexts (engine weights and KV discarded).
         assert gpu.used(engine, "weights") == 0 and gpu.used(engine, "kv_cache") == 0
         assert gpu.used(engine, "context") == b.hardware.cuda_context_bytes
-        assert gpu.used("actor", "context") == b.hardware.cuda_context_bytes
+        assert gpu.used("actor", "context") == trainer_context_bytes(b.hardware)
         # The engine's full footprint (the GPU's peak, before it slept) stayed within vLLM's budget.
         kv = b.engines[k // 2].kv
         assert gpu.peak_bytes == kv.context_bytes + kv.weight_bytes + kv.activation_peak_bytes \

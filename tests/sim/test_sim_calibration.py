@@ -82,7 +82,8 @@ def test_measured_preset_records_its_provenance_and_software():
     assert prov["driver"] == CAL["env"]["driver"]
     assert "calibrate.py" in prov["command"] and "H200" in prov["machine"]
     assert MEASURED.software == Software("unfused", "torch", "torch", "unfused",
-                                         train_step_residue_bytes=MEASURED.software.train_step_residue_bytes)
+                                         train_step_residue_bytes=MEASURED.software.train_step_residue_bytes,
+                                         trainer_process_bytes=MEASURED.software.trainer_process_bytes)
     assert MEASURED.software.train_step_residue_bytes > 0  # bench/fit_trainer_residue.py
     # measured rates, not datasheet ones
     assert MEASURED.hbm_bytes_per_s == pytest.approx(CAL["hbm"]["bytes_per_s"])
@@ -95,7 +96,8 @@ def test_measured_preset_records_its_provenance_and_software():
 def test_datasheet_presets_keep_the_production_training_stack():
     for name in ("H100-SXM-80G", "H200-141G", "A100-80G"):
         hw = load_hardware(name)
-        assert hw.software == Software()
+        # the production stack, carrying the measured trainer process's memory outside its allocator
+        assert hw.software == Software(trainer_process_bytes=MEASURED.software.trainer_process_bytes) != Software()
         assert (grad_bytes(), optimizer_step_bytes(hw)) == (4, ADAM_STEP_BYTES)
         assert score_bytes(QWEN3_4B, hw, [4096]) == 0.0
         # vLLM's per-step host work is host software, not GPU: every preset carries the H200 fit

@@ -265,8 +265,9 @@ def test_simulate_a_moe_model_end_to_end(capsys: pytest.CaptureFixture[str]):
 
     out = []
     for _ in range(2):
+        # micro-batch 1: at 2 the trainer's process memory outside its allocator (issue 25) leaves it 0.06 GiB short
         assert main(["simulate", "--model", "Qwen3-30B-A3B", "--expert-model-parallel-size", "8",
-                     "--micro-batch-size", "2", "--rollout-batch-size", "8", "--json"]) == 0
+                     "--micro-batch-size", "1", "--rollout-batch-size", "8", "--json"]) == 0
         out.append(json.loads(capsys.readouterr().out))
     doc = out[0]
     assert doc["model"]["params_b"] == 30.532 and doc["model"]["active_params_b"] == 3.353
@@ -299,7 +300,7 @@ def test_sweep_and_search_cover_expert_parallel_sizes():
 
     points = parse_sweep(["expert-model-parallel-size=1,2,4,8"])
     assert [p["expert_model_parallel_size"] for p in points] == [1, 2, 4, 8]
-    base = _resolve("--model", "Qwen3-30B-A3B", "--micro-batch-size", "2", "--rollout-batch-size", "8")
+    base = _resolve("--model", "Qwen3-30B-A3B", "--micro-batch-size", "1", "--rollout-batch-size", "8")
     rows = {ep: simulate_point(base, {"expert_model_parallel_size": ep}) for ep in (4, 8)}
     assert rows[8].fits and rows[8].t_step > 0
     assert not rows[4].fits and "optimizer" in rows[4].oom  # 32 whole experts per GPU: their Adam state

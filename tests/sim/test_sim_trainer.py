@@ -20,6 +20,7 @@ from vime.sim.hardware import load_hardware
 from vime.sim.memory import GiB, SimAllocator, SimCluster
 from vime.sim.models import load_model
 from vime.sim.trainer import Layout, SimTrainer
+from vime.sim.trainer.footprint import trainer_context_bytes
 from vime.types import TrainBatch
 
 H100 = load_hardware("H100-SXM-80G")
@@ -115,7 +116,7 @@ def test_per_rank_state_by_hand_for_the_seed():
         assert gpu.used("actor", "params") == 2 * p
         assert gpu.used("actor", "grads") == 4 * p
         assert gpu.used("actor", "optimizer") == 12 * math.ceil(p / 4)
-        assert gpu.used("actor", "context") == H100.cuda_context_bytes
+        assert gpu.used("actor", "context") == trainer_context_bytes(H100)
     assert cl.host.used("actor", "weight_backup") == 8 * 2 * p  # seed step 41: every rank backs up its shard
 
 
@@ -128,7 +129,7 @@ def test_offload_train_sleeps_after_init_and_wake_restores_it():
     tr, cl = _trainer(_seed_args())  # the seed colocates, so offload_train is on
     _run(cl, tr.init())
     assert tr.lifecycle.state.value == "asleep"
-    assert cl.gpus[0].used("actor") == H100.cuda_context_bytes
+    assert cl.gpus[0].used("actor") == trainer_context_bytes(H100)
     awake = {k: v[0] for k, v in tr.state_bytes_per_gpu().items()}
     _run(cl, tr.wake_up())
     assert {t: cl.gpus[0].used("actor", t) for t in awake} == awake
@@ -136,7 +137,7 @@ def test_offload_train_sleeps_after_init_and_wake_restores_it():
     _run(cl, tr.train(0, _batch(_seed_args())))
     assert [g.used() for g in cl.gpus] == before  # activations all released
     _run(cl, tr.sleep())
-    assert [g.used() for g in cl.gpus] == [H100.cuda_context_bytes] * 8
+    assert [g.used() for g in cl.gpus] == [trainer_context_bytes(H100)] * 8
 
 
 def test_cold_pinned_host_memory_is_freed_on_wake_except_the_backup():
@@ -194,7 +195,7 @@ def test_colocated_engine_kv_makes_the_trainer_wake_oom():
     with pytest.raises(OutOfMemoryError) as info:
         _run(cl, tr.wake_up())
     assert info.value.gpu == 6 and info.value.owner == "actor" and info.value.phase == "train"
-    assert all(g.used("actor") == H100.cuda_context_bytes for g in cl.gpus)
+    assert all(g.used("actor") == trainer_context_bytes(H100) for g in cl.gpus)
 
 
 def test_memory_plan_matches_the_simulated_peak():

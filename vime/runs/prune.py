@@ -95,7 +95,9 @@ class Screen:
         """Why the trainer cannot fit on its busiest GPU ("" when it may): context + params + grads +
         optimizer at start-up, and training adds at least one micro-batch of the shortest sample."""
         state = cm.state_bytes_per_gpu()
-        ctx = int(self.hw.cuda_context_bytes)
+        from vime.sim.trainer.footprint import trainer_context_bytes
+
+        ctx = trainer_context_bytes(self.hw)
         cap = int(self.hw.memory_bytes)
         worst = max(range(len(state["params"])), key=lambda i: sum(v[i] for v in state.values()))
         held = {tag: v[worst] for tag, v in state.items()}

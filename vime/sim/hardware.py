@@ -162,7 +162,7 @@ class HardwareSpec:
 
     def engine_overrides(self) -> dict[str, Any]:
         """The profile's `EngineSettings` overrides (the byte counts as ints)."""
-        return {k: int(v) if k in ("cuda_graph_bytes", "kv_cache_space_bytes") else float(v) for k, v in self.engine}
+        return {k: int(v) if k in ("cuda_graph_bytes", "kv_cache_space_bytes", "outside_budget_bytes") else float(v) for k, v in self.engine}
 
     # --- effective rates (what the models use) ------------------------------------------------
     @property
@@ -383,7 +383,7 @@ CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pin
              "vmm.pinned_free_s_per_gib", "efficiency.host_step_s", "efficiency.host_step_per_seq_s",
              "efficiency.host_step_tp_scale", "efficiency.iteration_overhead_s", "efficiency.collective_latency_s",
              "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
-             "efficiency.export_per_tensor_s")
+             "efficiency.export_per_tensor_s", "software.trainer_process_bytes")
 
 
 def resolve_carry(data: Any, origin: str, seen: tuple[str, ...] = ()) -> Any:

@@ -17,6 +17,7 @@ SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_
                       "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
                       "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
+                      "outside_budget_bytes",
                       "kv_cache_space_bytes")
 
 #: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or
@@ -185,12 +186,15 @@ class Software:
     #: Bytes the trainer process keeps mapped outside its offload pools from the end of its first train step
     #: on (0: none modelled). A measured stack's figure, fitted by bench/fit_trainer_residue.py.
     train_step_residue_bytes: int = 0
+    #: Bytes the trainer process holds outside PyTorch's allocator beyond the CUDA context (the libraries'
+    #: workspaces and loaded kernels), from start-up on (0: none modelled). Fitted by bench/fit_whole_step.py.
+    trainer_process_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.train_step_residue_bytes, bool) or not isinstance(self.train_step_residue_bytes, int) \
-                or not 0 <= self.train_step_residue_bytes < 1 << 40:
-            raise ConfigError(f"software.train_step_residue_bytes must be an int of bytes in [0, 1 TiB), "
-                              f"got {self.train_step_residue_bytes!r}")
+        for name in ("train_step_residue_bytes", "trainer_process_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 40:
+                raise ConfigError(f"software.{name} must be an int of bytes in [0, 1 TiB), got {v!r}")
         if self.train_attention not in TRAIN_ATTENTION:
             raise ConfigError(f"software.train_attention must be one of {TRAIN_ATTENTION}, got {self.train_attention!r}")
         if self.train_optimizer not in TRAIN_OPTIMIZERS:

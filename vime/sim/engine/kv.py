@@ -46,6 +46,7 @@ class KVPlan:
     block_size: int
     block_bytes: int
     num_blocks: int
+    outside_budget_bytes: int = 0  # held by the engine process beyond the budget (EngineSettings)
 
     @property
     def max_tokens(self) -> int:
@@ -107,7 +108,8 @@ def plan_kv_cache(hardware: HardwareSpec, model: ModelSpec, settings: EngineSett
             f"{settings.max_model_len} (vLLM refuses to start); lower --rollout-max-context-len or "
             f"give the engine more memory (--gpu-memory-utilization, --rollout-num-gpus-per-engine)")
     return KVPlan(hardware.memory_bytes, settings.gpu_memory_utilization, budget, weights, act, graphs,
-                  ctx, kv, per_token, settings.block_size, block_bytes, num_blocks)
+                  ctx, kv, per_token, settings.block_size, block_bytes, num_blocks,
+                  0 if settings.kv_cache_space_bytes is not None else int(settings.outside_budget_bytes))
 
 
 def engine_allocator(name: str, gpus: Sequence[SimGPU], hardware: HardwareSpec, *, host: SimHost | None = None,
@@ -127,6 +129,8 @@ def map_engine_memory(allocator: SimAllocator, owner: str, plan: KVPlan, pinned_
     allocator.pinned_scale.setdefault(TAG_WEIGHTS, pinned_scale)  # the weights' backup, in power-of-two blocks
     for gpu in allocator.gpus:
         gpu.alloc(owner, "context", plan.context_bytes)
+        if plan.outside_budget_bytes:
+            gpu.alloc(owner, "outside_budget", plan.outside_budget_bytes)
     allocator.allocate(TAG_WEIGHTS, plan.weight_bytes)
     allocator.allocate(TAG_RUNTIME, plan.activation_peak_bytes)
     allocator.allocate(TAG_CUDA_GRAPH, plan.cuda_graph_bytes)

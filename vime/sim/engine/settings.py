@@ -35,6 +35,10 @@ class EngineSettings:
     kv_cache_space_bytes: int | None = None
     #: CUDA graphs for decode batch sizes up to 512 (vLLM logs ~0.3–1 GiB per GPU for 1–14B models); estimate.
     cuda_graph_bytes: int = 512 * MiB
+    #: What the vLLM process holds on each GPU beyond its --gpu-memory-utilization budget (its CUDA context
+    #: and libraries outside the memory profiler's count): a measured profile's figure (the H200's engine
+    #: section, bench/fit_whole_step.py); 0 where none was measured.
+    outside_budget_bytes: int = 0
     #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
     #: kernel and pay `Efficiency.eager_iteration_s` (vLLM's default capture sizes end at 512).
     cuda_graph_max_tokens: int = 512

@@ -33,6 +33,7 @@ from vime.sim.trainer.footprint import (
     rope_bytes,
     score_bytes,
     software_terms,
+    trainer_context_bytes,
 )
 from vime.sim.trainer.layout import Layout
 
@@ -42,6 +43,6 @@ __all__ = [
     "SWIGLU_UNFUSED_EXTRA_BWD_BYTES", "SWIGLU_UNFUSED_EXTRA_FWD_BYTES", "TAG_CONTEXT", "TAG_STEP_RESIDUE", "TAG_WEIGHT_BACKUP",
     "TAG_WEIGHT_BUFFER", "TORCH_ADAMW_STEP_BYTES", "TORCH_ADAMW_TRANSIENT_BYTES", "UNFUSED_SCORE_BWD_BYTES",
     "UNFUSED_SCORE_FWD_BYTES", "UNFUSED_SCORE_KEPT_BYTES", "ActorCostModel", "Layout", "SimTrainer",
-    "compute_seconds", "grad_bytes", "optimizer_step_bytes", "optimizer_transient_bytes", "rope_bytes",
+    "compute_seconds", "grad_bytes", "trainer_context_bytes", "optimizer_step_bytes", "optimizer_transient_bytes", "rope_bytes",
     "score_bytes", "software_stream_bytes_per_token", "software_terms", "streaming_bytes_per_s",
 ]

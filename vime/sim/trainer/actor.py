@@ -34,7 +34,13 @@ from vime.errors import ConfigError, TrainerError
 from vime.protocols import TRAINER_TAGS, TrainerLifecycle, TrainMetrics, WeightBucket
 from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
 from vime.sim.trainer.cost_model import ActorCostModel
-from vime.sim.trainer.footprint import TAG_CONTEXT, TAG_STEP_RESIDUE, TAG_WEIGHT_BACKUP, TAG_WEIGHT_BUFFER
+from vime.sim.trainer.footprint import (
+    TAG_CONTEXT,
+    TAG_STEP_RESIDUE,
+    TAG_WEIGHT_BACKUP,
+    TAG_WEIGHT_BUFFER,
+    trainer_context_bytes,
+)
 from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
@@ -107,7 +113,7 @@ class SimTrainer(ActorCostModel):
         env = self.cluster.env
         t0 = float(env.now)
         for gpu in self.gpus:
-            gpu.alloc(self.name, TAG_CONTEXT, self.hw.cuda_context_bytes)
+            gpu.alloc(self.name, TAG_CONTEXT, trainer_context_bytes(self.hw))
         for tag, sizes in self.state_bytes_per_gpu().items():
             self.allocator.allocate(tag, sizes)
         self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.policy_param_bytes_per_gpu()))

@@ -24,6 +24,7 @@ from vime.sim.trainer.footprint import (
     rope_bytes,
     score_bytes,
     software_terms,
+    trainer_context_bytes,
 )
 from vime.sim.trainer.layout import Layout
 
@@ -127,7 +128,7 @@ class ActorCostModel:
         tokens (context, params, grads, optimizer, activations with the in-flight PP micro-batches);
         `lengths` are its sequences (None: one sequence), which matter with unfused attention."""
         state = self.state_bytes_per_gpu()
-        plan = {TAG_CONTEXT: self.hw.cuda_context_bytes}
+        plan = {TAG_CONTEXT: trainer_context_bytes(self.hw)}
         plan.update({tag: max(sizes) for tag, sizes in state.items()})
         # The optimizer step's temporaries come after the activations are freed: the larger of the two.
         plan["activations"] = max(self.activation_bytes(microbatch_tokens, lengths) * self.layout.pp,  # ≤ PP in flight

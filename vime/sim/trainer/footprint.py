@@ -34,6 +34,11 @@ TORCH_ADAMW_BF16_GRAD_COPY_BYTES = 4
 UNFUSED_SCORE_KEPT_BYTES = 6
 
 
+def trainer_context_bytes(hw: HardwareSpec) -> int:
+    """What a trainer process holds outside its allocator on each GPU: the CUDA context and the stack's libraries."""
+    return int(hw.cuda_context_bytes) + int(hw.software.trainer_process_bytes)
+
+
 def optimizer_transient_bytes(hw: HardwareSpec, grads: int = GRAD_BYTES) -> int:
     """Bytes per parameter the optimizer step allocates on top of the state (the profile's optimizer, `grads`
     bytes per main grad)."""
