@@ -77,6 +77,9 @@ def test_memory_folds_to_the_fullest_rank_and_breaks_down_by_pool():
     assert m["memory/asleep_params_gib"] == 8.0 and m["memory/asleep_other_pools_gib"] == 3.0
     assert (m["memory/asleep_torch_cache_gib"], m["memory/asleep_torch_allocated_gib"]) == (6.0, 1.0)
     assert (m["memory/asleep_peak_reserved_gib"], m["memory/asleep_device_used_gib"]) == (20.0, 30.0)
+    # paused tags map nothing but PyTorch still counts their segments: those are not "other" pools
+    paused = breakdown("asleep", {"params": 0, "grads": 0, "optimizer": 0}, pools, 20 << 30, 30 << 30, 8 << 30)
+    assert paused["memory/asleep_params_gib"] == 0.0 and paused["memory/asleep_other_pools_gib"] == 3.0
 
 
 def test_offload_backend_choice():

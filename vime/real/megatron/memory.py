@@ -29,16 +29,18 @@ def segments_by_pool(segments: Iterable[Mapping[str, Any]]) -> dict[str, tuple[i
 
 
 def breakdown(prefix: str, tag_bytes: Mapping[str, int], pools: Mapping[str, tuple[int, int]],
-              peak_reserved: int, device_used: int) -> dict[str, float]:
+              peak_reserved: int, device_used: int, tag_regions: int | None = None) -> dict[str, float]:
     """The ``memory/<prefix>_*`` metrics in GiB. `tag_bytes` are the CuMem tags' mapped bytes (none for
-    other offload backends); the private pools' reserved bytes beyond them are PyTorch's other private
-    pools; `device_used` is the whole GPU's (every process on it)."""
+    other offload backends); the private pools' reserved bytes beyond the tags' regions (`tag_regions`,
+    mapped or paused: PyTorch still counts a paused tag's segments; default their mapped bytes) are
+    PyTorch's other private pools; `device_used` is the whole GPU's (every process on it)."""
     out = {f"memory/{prefix}_{tag}_gib": n / GIB for tag, n in tag_bytes.items()}
     default = pools.get("default", (0, 0))
     private = pools.get("private", (0, 0))
     out[f"memory/{prefix}_torch_cache_gib"] = default[0] / GIB
     out[f"memory/{prefix}_torch_allocated_gib"] = default[1] / GIB
-    out[f"memory/{prefix}_other_pools_gib"] = max(private[0] - sum(tag_bytes.values()), 0) / GIB
+    regions = sum(tag_bytes.values()) if tag_regions is None else tag_regions
+    out[f"memory/{prefix}_other_pools_gib"] = max(private[0] - regions, 0) / GIB
     out[f"memory/{prefix}_peak_reserved_gib"] = peak_reserved / GIB
     out[f"memory/{prefix}_device_used_gib"] = device_used / GIB
     return out
@@ -50,6 +52,7 @@ def measure(prefix: str, offload: Any) -> dict[str, float]:
 
     allocator = getattr(offload, "allocator", None)
     tags = {} if allocator is None else {t: allocator.device_bytes(t) for t in OFFLOAD_TAGS}
+    regions = None if allocator is None else sum(allocator.allocated_bytes(t) for t in OFFLOAD_TAGS)
     free, total = torch.cuda.mem_get_info()
     return breakdown(prefix, tags, segments_by_pool(torch.cuda.memory_snapshot()),
-                     torch.cuda.max_memory_reserved(), total - free)
+                     torch.cuda.max_memory_reserved(), total - free, regions)
