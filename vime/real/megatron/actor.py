@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -293,8 +292,6 @@ class MegatronActor(WeightCalls):
         """One rollout on this rank's partition (`vime.types.RankBatch`): seed steps 38–41."""
         self._check_awake("train")
         t0 = time.perf_counter()
-        if not self.cpu:
-            torch.cuda.reset_peak_memory_stats()
         with compat.device_mode():
             num_mb = list(batch.num_microbatches)
             recompute = bool(batch.recompute_log_probs)  # seed step 38, decided by the batch builder
@@ -391,11 +388,7 @@ class MegatronActor(WeightCalls):
             # The activations and the optimizer step's temporaries sit in PyTorch's cache outside the
             # offloaded tags: hand them back too, or the engines' KV cache cannot be mapped again.
             torch.cuda.empty_cache()
-            self._asleep_memory = gpu_memory.measure("asleep", self.offload)
-            # also in the log: a wake that fails (OOM) ends the run before the next step reports it
-            print(f"[vime trainer rank {self.rank}] asleep: " + ", ".join(
-                f"{k.removeprefix('memory/asleep_')} {v:.2f}" for k, v in self._asleep_memory.items()),
-                file=sys.stderr, flush=True)
+            self._asleep_memory = gpu_memory.after_sleep(self.rank, self.offload)
         self._last_offloaded = nbytes
         self.asleep = True
         return {"offloaded_bytes": nbytes, "backend": self.offload.name}
@@ -445,9 +438,4 @@ class MegatronActor(WeightCalls):
 
     def memory(self) -> dict[str, float]:
         """Resident memory of this process (MiB) and peak CUDA memory when on a GPU."""
-        import resource
-
-        out = {"max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        if not self.cpu:
-            out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
-        return out
+        return gpu_memory.process(self.cpu)

@@ -7,6 +7,7 @@ it is checked against.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -56,3 +57,27 @@ def measure(prefix: str, offload: Any) -> dict[str, float]:
     free, total = torch.cuda.mem_get_info()
     return breakdown(prefix, tags, segments_by_pool(torch.cuda.memory_snapshot()),
                      torch.cuda.max_memory_reserved(), total - free, regions)
+
+
+def after_sleep(rank: int, offload: Any) -> dict[str, float]:
+    """`measure` after a sleep, also printed to the log: a wake that runs out of memory ends the run before
+    the next step reports it. The peak starts again here: the next `trained` peak is the wake's and training's."""
+    import torch
+
+    figures = measure("asleep", offload)
+    torch.cuda.reset_peak_memory_stats()
+    print(f"[vime trainer rank {rank}] asleep: " + ", ".join(
+        f"{k.removeprefix('memory/asleep_')} {v:.2f}" for k, v in figures.items()), file=sys.stderr, flush=True)
+    return figures
+
+
+def process(cpu: bool) -> dict[str, float]:
+    """Resident memory of this process (MiB) and, on a GPU, PyTorch's peak allocated (MiB)."""
+    import resource
+
+    out = {"max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if not cpu:
+        import torch
+
+        out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
