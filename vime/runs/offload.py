@@ -122,11 +122,9 @@ def run_candidate(args: Any, plan: str, util: float) -> tuple[Candidate, Any]:
         cand.why = str(exc)
         return cand, None
     cand.fits = sim.fits and bool(sim.steps)
-    short = _short_of_margin(sim) if cand.fits else ""
-    if short:
+    if cand.fits and (short := _short_of_margin(sim)):
         cand.fits, cand.why = False, short
-        return cand, sim
-    if cand.fits:
+    elif cand.fits:
         cand.t_step = round(sum(s.t_step for s in sim.steps) / len(sim.steps), 6)
         cand.moved_gib = bytes_moved(sim)["total"]
     else:

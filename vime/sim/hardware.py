@@ -49,11 +49,13 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_optimizer": "fused",               # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
         "train_norm": "fused",                    # what RMSNorm keeps: "fused", "torch" or "torch_fp32_weight"
         "train_elementwise": "fused",             # SwiGLU and RoPE kernels: "fused" or "unfused"
-        "train_step_residue_bytes": 0             # kept mapped by the trainer from its first train step (optional)
+        "train_step_residue_bytes": 0,            # kept mapped by the trainer from its first train step (optional)
+        "trainer_process_bytes": 0                # the trainer process outside its allocator, beyond the context (optional)
       },
       "device": "gpu",                            # "gpu" (default) or "cpu": see DEVICES (optional)
       "engine": {                                 # a vLLM server's fixed costs on this machine (optional;
-        "http_rtt_s": 0.002, ...                  #   EngineSettings' defaults otherwise): SERVER_COST_FIELDS
+        "http_rtt_s": 0.002, ...                  #   EngineSettings' defaults otherwise): SERVER_COST_FIELDS,
+        "outside_budget_bytes": 0                 #   e.g. what vLLM holds beyond its --gpu-memory-utilization budget
       },
       "disk": {                                   # --update-weight-mode disk (optional, estimates otherwise)
         "write_s": 0.05,                          # the trainer writing one version: fixed part (s)
