@@ -344,3 +344,52 @@ def test_a_built_body_loads_into_the_megatron_mapping(tmp_path: Path, monkeypatc
     spec = mmodel.spec_from_hf_config(mmodel.load_hf_config(str(d)))
     full = mmodel.hf_to_megatron(spec, mmodel.read_hf_safetensors(str(d)), tp=1)
     assert any("embedding" in name for name in full) and len(full) > 5
+
+
+_PROM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 256.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 262144.0
+vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 4.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 256.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 200.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 56.0
+"""
+
+
+def test_scrape_metrics_follows_the_placement_and_sums_each_series_over_labels(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = _PROM.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    train, out = tmp_path / "train.jsonl", tmp_path / "m.jsonl"
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    train.write_text(json.dumps({"event": "placement", "engine_hosts": [{"name": "engine0", "url": url}]}) + "\n")
+    try:
+        subprocess.run([sys.executable, str(X8 / "scrape_metrics.py"), str(train), str(out), "--interval", "0.01",
+                        "--samples", "2"], check=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["engine"] == "engine0"
+    assert first["m"] == {"vllm:num_requests_running": 256.0, "vllm:generation_tokens_total": 262144.0,
+                          "vllm:inter_token_latency_seconds_sum": 4.0,
+                          "vllm:inter_token_latency_seconds_count": 256.0, "vllm:request_success_total": 256.0}

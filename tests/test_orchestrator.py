@@ -192,6 +192,10 @@ def test_t_step_is_the_sum_of_phases_plus_the_gap():
         assert m["perf/update_weights_time"] == r.t_weight_sync
         assert m["perf/engine_wake_up_time"] == r.t_onload_weights + r.t_onload_kv
         assert m["rollout/kept_samples"] == 256
+        # the engines' answers on the rollout's clock: the first comes after a decode, the last ends the rollout
+        # (no reward model time in this scenario), a request takes between the two on average
+        first, last = m["perf/rollout_first_response_time"], m["perf/rollout_last_response_time"]
+        assert 0 < first < m["perf/rollout_request_time_mean"] < last <= r.t_rollout * (1 + 1e-12)
     # steps follow each other on one clock
     steps = run.report.steps
     assert steps[1].t_begin == pytest.approx(steps[0].t_begin + steps[0].t_step)

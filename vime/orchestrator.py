@@ -149,6 +149,11 @@ class StepReport:
                     "request_errors", "failed_samples", "submitted_groups", "returned_groups"):
             m[f"rollout/{key}"] = float(r.get(key, 0))
         m["rollout/weight_version"] = float(self.rollout_weight_version or 0)
+        if r.get("answered_requests"):
+            # where the rollout's time goes: until the first and the last answer, and a request's mean time
+            m["perf/rollout_first_response_time"] = float(r["first_response_s"])
+            m["perf/rollout_last_response_time"] = float(r["last_response_s"])
+            m["perf/rollout_request_time_mean"] = float(r["request_time_mean_s"])
         for key in ("loss", "pg_clipfrac", "grad_norm", "entropy"):
             if key in self.train:
                 m[f"train/{key}"] = float(self.train[key])

@@ -168,13 +168,16 @@ run() {
      sleep 0.5
    done) > "$R/gpu_procs.csv" 2>/dev/null &
   local procs=$!
+  # vLLM's own counters (decode iteration time, requests running) beside the client's view of the rollout (issue 17).
+  python3 scripts/h200_train/scrape_metrics.py "$R/train.jsonl" "$R/vllm_metrics.jsonl" 2>"$R/scrape.err" &
+  local scraper=$!
   echo "+ vime train --backend real ${TRAIN_ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
   set -o pipefail
   timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${TRAIN_ARGS[@]}" "${TRAIN_ONLY[@]}" \
      2> "$R/train_stderr.log" | python3 scripts/h200_train/compare.py stamp | tee "$R/train.jsonl"
   local rc=$?
   set +o pipefail
-  kill $sampler $procs 2>/dev/null
+  kill $sampler $procs $scraper 2>/dev/null
   echo "vime train exit $rc"
   python3 -m vime.cli simulate "${ARGS[@]}" > "$R/sim.json" || echo "vime simulate failed"
   {

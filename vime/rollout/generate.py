@@ -58,6 +58,12 @@ class RolloutStats:
     truncated_samples: int = 0  # kept samples that hit max_tokens
     response_tokens: int = 0  # of kept samples
     max_response_length: int = 0
+    # When the engines answered, on the rollout's clock from its start (virtual in the simulator): the
+    # rollout's time beyond the last response is the client's own (rewards, filter, abort).
+    first_response_s: float = 0.0
+    last_response_s: float = 0.0
+    request_time_s: float = 0.0  # summed over answered requests, send to answer
+    answered_requests: int = 0
     drop_reasons: dict[str, int] = field(default_factory=dict)
     engine_errors: list[str] = field(default_factory=list)
 
@@ -72,6 +78,7 @@ class RolloutStats:
     def as_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("drop_reasons", "engine_errors")}
         d["kept_samples"] = self.kept_samples
+        d["request_time_mean_s"] = self.request_time_s / self.answered_requests if self.answered_requests else 0.0
         d["dropped_samples"] = self.dropped_samples
         d["drop_reasons"] = dict(self.drop_reasons)
         d["engine_errors"] = list(self.engine_errors)
@@ -107,6 +114,7 @@ class _State:
 
     semaphore: asyncio.Semaphore
     stats: RolloutStats
+    t0: float = 0.0  # the rollout's start on the loop's clock
     aborted: bool = False
     remaining_batch_size: int = 0
     pendings: dict[asyncio.Task[list[Sample]], list[Sample]] = field(default_factory=dict)
@@ -182,7 +190,8 @@ class Rollout:
         target = cfg.rollout_batch_size if target_groups is None else target_groups
         self.rollout_id = rollout_id
         stats = RolloutStats(rollout_id, target, n)
-        state = _State(asyncio.Semaphore(cfg.vllm_server_concurrency * self.num_engines), stats)
+        state = _State(asyncio.Semaphore(cfg.vllm_server_concurrency * self.num_engines), stats,
+                       asyncio.get_running_loop().time())
         self._state = state
         dynamic_filter = None if evaluation else self.dynamic_filter
         refill = target if evaluation else cfg.over_sampling_batch_size
@@ -381,15 +390,29 @@ class Rollout:
             token_ids=sample.tokens, sampling_params=wire_params,
             session_id=sample.session_id if self.use_session_header else None,
             request_id=f"r{self.rollout_id}-s{sample.index}" + (f"-a{attempt}" if attempt else ""))
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         try:
             result = await self.router.generate(request)
         except EngineError as exc:
             self._note_failure(sample, str(exc))
             return None
+        self._note_answer(sent, loop.time())
         if result.finish_reason == "error":
             self._note_failure(sample, f"engine {result.engine}: generate finished with an error")
             return None
         return result
+
+    def _note_answer(self, sent: float, answered: float) -> None:
+        state = self._state
+        if state is None:
+            return
+        st = state.stats
+        if not st.answered_requests:
+            st.first_response_s = answered - state.t0
+        st.last_response_s = max(st.last_response_s, answered - state.t0)
+        st.request_time_s += answered - sent
+        st.answered_requests += 1
 
     def _note_failure(self, sample: Sample, message: str) -> None:
         sample.metadata["error"] = message

@@ -41,6 +41,10 @@ def test_kl_to_the_reference_is_reported_and_keeps_the_policy_closer(ray_local, 
         kl_metrics = runs["kl"]
         assert all(m.extra["ref_log_probs_time"] > 0 for m in kl_metrics)
         assert "ref_log_probs_time" not in runs["free"][0].extra
+        # the train time's parts, under the simulator's keys: the reference's forward is not the actor's training
+        for m in (*kl_metrics, *runs["free"]):
+            parts = m.extra["actor_train_time"] + m.extra["weight_backup_time"] + m.extra.get("ref_log_probs_time", 0)
+            assert 0 < m.extra["actor_train_time"] and parts <= m.extra["train_time"] * (1 + 1e-9)
         # two optimizer steps per rollout: after the first, the policy has left the reference
         assert kl_metrics[-1].extra["kl_loss"] > 0
 

@@ -296,6 +296,7 @@ class MegatronActor(WeightCalls):
             num_mb = list(batch.num_microbatches)
             recompute = bool(batch.recompute_log_probs)  # seed step 38, decided by the batch builder
             old = self._log_probs(batch, batch.micro_batch_indices) if recompute else None
+            t_log_probs = time.perf_counter()
             rollout = None
             if batch.rollout_log_probs is not None:
                 rollout = [torch.as_tensor(x, dtype=torch.float32, device=self._device())
@@ -310,7 +311,8 @@ class MegatronActor(WeightCalls):
                 t_ref = time.perf_counter()
                 ref = self.reference.log_probs(batch, batch.micro_batch_indices, self.scorer, self._device())
                 ref_time = time.perf_counter() - t_ref
-            advantages = self._advantages(batch, old, ref)
+            advantages = rank_advantages(self.cfg, batch, old, ref)
+            t_train = time.perf_counter()
             sums = {"loss": 0.0, "pg_clipfrac": 0.0, "entropy": 0.0, "rows": 0.0}
             extra = {"kl_loss": 0.0, "tis_weight": 0.0, "train_rollout_logprob_abs_diff": 0.0}
             grad_norms, tokens = [], 0
@@ -339,14 +341,19 @@ class MegatronActor(WeightCalls):
                         sums[k] += float(d[k])
                     for k in extra:
                         extra[k] += float(d.get(k, 0.0))
+            t_backup = time.perf_counter()
             self.backup_weights()  # seed step 41: export reads this backup
-        elapsed = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        elapsed = t_end - t0
         rows = max(sums["rows"], 1.0)
         out = {"rollout_id": rollout_id, "loss": sums["loss"] / rows, "pg_clipfrac": sums["pg_clipfrac"] / rows,
                "entropy": sums["entropy"] / rows, "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
                "tokens": tokens, "num_steps": len(num_mb), "recomputed_log_probs": recompute,
-               "train_time": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+               "train_time": elapsed, "actor_train_time": t_backup - t_train, "weight_backup_time": t_end - t_backup,
+               "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
                "dp_rank": self.dp_rank, "tp_rank": self.tp_rank}
+        if recompute:
+            out["log_probs_time"] = t_log_probs - t0
         if ref is not None:
             out["ref_log_probs_time"] = ref_time
         if self.cfg.use_kl_loss:
@@ -358,22 +365,6 @@ class MegatronActor(WeightCalls):
         if not self.cpu:  # what training holds, and what the last sleep left for the engines to wake beside
             out["memory"] = {**self._asleep_memory, **gpu_memory.measure("trained", self.offload)}
         return out
-
-    def _advantages(self, batch: Any, old: Sequence[torch.Tensor] | None,
-                    ref: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
-        """Each row's per-token advantages (seed step 39) by --advantage-estimator; REINFORCE++-baseline
-        subtracts --kl-coef × the k1 KL to the reference from the reward and whitens over the rank's tokens."""
-        from vime.algo.advantages import compute_advantages_and_returns
-        from vime.algo.policy_loss import approx_kl
-
-        kl = None
-        if self.cfg.kl_coef > 0:
-            if ref is None or old is None:
-                raise TrainerError("--kl-coef needs the reference's and the old policy's log-probs")
-            kl = [approx_kl(o.to(r.device), r, "k1").detach().cpu() for o, r in zip(old, ref, strict=True)]
-        adv, _ = compute_advantages_and_returns(self.cfg.advantage_estimator, batch.rewards, batch.response_lengths,
-                                                batch.loss_masks, kl=kl, kl_coef=self.cfg.kl_coef)
-        return adv
 
     # --- offload (seed steps 37, 41; vime.real.megatron.offload) --------------------------------
     def sleep(self) -> dict[str, Any]:
@@ -439,3 +430,20 @@ class MegatronActor(WeightCalls):
     def memory(self) -> dict[str, float]:
         """Resident memory of this process (MiB) and peak CUDA memory when on a GPU."""
         return gpu_memory.process(self.cpu)
+
+
+def rank_advantages(cfg: ActorConfig, batch: Any, old: Sequence[torch.Tensor] | None,
+                    ref: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+    """Each row's per-token advantages (seed step 39) by --advantage-estimator; REINFORCE++-baseline
+    subtracts --kl-coef × the k1 KL to the reference from the reward and whitens over the rank's tokens."""
+    from vime.algo.advantages import compute_advantages_and_returns
+    from vime.algo.policy_loss import approx_kl
+
+    kl = None
+    if cfg.kl_coef > 0:
+        if ref is None or old is None:
+            raise TrainerError("--kl-coef needs the reference's and the old policy's log-probs")
+        kl = [approx_kl(o.to(r.device), r, "k1").detach().cpu() for o, r in zip(old, ref, strict=True)]
+    adv, _ = compute_advantages_and_returns(cfg.advantage_estimator, batch.rewards, batch.response_lengths,
+                                            batch.loss_masks, kl=kl, kl_coef=cfg.kl_coef)
+    return adv

@@ -291,8 +291,9 @@ def fold_metrics(rollout_id: int, results: list[dict[str, Any]], *, trained_toke
     elapsed = max(float(r["train_time"]) for r in results)
     extra = {"train_time": elapsed, "processed_tokens": float(processed),
              "tokens_per_s": processed / elapsed if elapsed > 0 else 0.0}
-    if "ref_log_probs_time" in heads[0]:
-        extra["ref_log_probs_time"] = max(float(r.get("ref_log_probs_time", 0.0)) for r in results)
+    for key in ("log_probs_time", "ref_log_probs_time", "actor_train_time", "weight_backup_time"):
+        if key in heads[0]:  # the slowest rank's, as train_time
+            extra[key] = max(float(r.get(key, 0.0)) for r in results)
     for key in ("kl_loss", "tis_weight", "train_rollout_logprob_abs_diff"):  # means over DP ranks
         if key in heads[0]:
             extra[key] = sum(float(r[key]) for r in heads) / n
