@@ -951,11 +951,16 @@ def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
     src["efficiency.train_backward_factor"] = f"fit, minimax over the backwards with the forward's rates, {what}"
 
 
-def vllm_decode_seconds(im, batch: int, prompt: int, new: int) -> float:
+def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response_per_token_s: float | None = None) -> float:
     """B requests of `prompt` tokens generating `new` each in lockstep on the engine model `im`: the
     prompts packed into 8192-token prefill iterations (the first after idle pays host + GPU), then
-    `new - 1` decode steps of max(GPU, host) (the prefill samples the first token)."""
+    `new - 1` decode steps of max(GPU, host) (the prefill samples the first token), then the API server
+    builds the B responses one at a time (`EngineSettings.response_per_token_s` per token; the client's
+    wall ends with the last). Without that term the per-request host cost absorbed it (the two are
+    collinear in these runs: only the engine's own inter-token latency, /metrics, separates them)."""
     engine, _, _, _ = _sim()
+    if response_per_token_s is None:
+        response_per_token_s = engine.EngineSettings().response_per_token_s
     t, total, done = 0.0, batch * prompt, 0
     while done < total:
         c = min(8192, total - done)
@@ -964,10 +969,10 @@ def vllm_decode_seconds(im, batch: int, prompt: int, new: int) -> float:
         done += c
     c0, m0, m1, f0, f1 = im.decode_lines(batch, batch * (prompt + 1))
     lines = ((c0 + m0, m1), (c0 + f0, f1), (im.host(batch), 0.0))
-    return t + engine.sum_max_of_lines(lines, new - 1)
+    return t + engine.sum_max_of_lines(lines, new - 1) + batch * new * response_per_token_s
 
 
-def _fit_host(prof: dict, vllm_raw: dict, label: str) -> None:
+def _fit_host(prof: dict, vllm_raw: dict, label: str, response_per_token_s: float | None = None) -> None:
     """iteration_overhead_s, host_step_s, host_step_per_seq_s: least squares of the relative error over the
     vLLM decode runs, each step max(GPU + overhead, host_s + per_seq · requests) (IterationModel), by a
     coarse-to-fine grid (deterministic). Least squares, not minimax: on the H200 runs the minimax is flat
@@ -988,8 +993,8 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str) -> None:
 
     def errors(o: float, a: float, b: float) -> list[float]:
         im = dataclasses.replace(im0, overhead_s=o, host_s=a, host_per_seq_s=b)
-        return [(vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"]) - r["wall_s"]) / r["wall_s"]
-                for r in runs]
+        return [(vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"], response_per_token_s)
+                 - r["wall_s"]) / r["wall_s"] for r in runs]
 
     def sse(o: float, a: float, b: float) -> float:
         return sum(e * e for e in errors(o, a, b))
@@ -1061,10 +1066,11 @@ def _unmeasured_defaults(prof: dict) -> None:
         eff["trainer_call_s"] = 0.0
         src.setdefault("efficiency.trainer_call_s", "0 (the default): not measured; a trainer call's fixed cost (Ray "
                                                     "round trip, the rank's Python) is negligible next to a GPU step")
-    if "train_host_s_per_expert" not in eff:
-        eff["train_host_s_per_expert"] = 0.0
-        src.setdefault("efficiency.train_host_s_per_expert", "0 (the default): not measured here; a MoE whole RL step "
-                                                             "measures it (bench/fit_whole_step.py)")
+    for key in ("train_host_s_per_expert", "train_host_s_per_expert_sequence"):
+        if key not in eff:
+            eff[key] = 0.0
+            src.setdefault(f"efficiency.{key}", "0 (the default): not measured here; MoE whole RL steps "
+                                                "measure it (bench/fit_whole_step.py)")
     sw = prof.setdefault("software", {})
     if "train_step_residue_bytes" not in sw:
         sw["train_step_residue_bytes"] = 0

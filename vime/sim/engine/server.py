@@ -12,7 +12,8 @@ made of a `Scheduler` (continuous batching), an `EngineCore` (its busy loop), an
   is already paused cannot drain, so "wait" then keeps.
 - `is_sleeping()` reports memory (weights or KV released), not the pause flag.
 - Every generate pays `EngineSettings.request_overhead_s` outside the engine, half before the
-  request reaches the scheduler and half after it finishes. The first weight-update session of a
+  request reaches the scheduler and half after it finishes, and its response waits for the API server
+  to build it and those finished before it (`response_per_token_s` per generated token, one at a time). The first weight-update session of a
   server process pays `first_update_s` more; a restart is a new process.
 - A cancelled generate (client gone) aborts its request at the next boundary.
 - Responses: the length comes from `LengthSampler` keyed by the request id (or session id), the
@@ -99,6 +100,8 @@ class SimEngine(EngineFaults):
                                 self._finish, self._log)
         self._core = EngineCore(self.name, self.env, self.lifecycle, self._sched, self._busy_span, self._log)
         self._tail_until = 0.0  # when the last finished request's response has left the front end
+        self._frontend_free = 0.0  # when the API server has built the responses queued so far
+        self._out_at: dict[int, float] = {}  # request seq → when its response reaches the client
 
     def _log(self, *event: Any) -> None:
         if self.events is not None:
@@ -170,12 +173,19 @@ class SimEngine(EngineFaults):
             raise
         if isinstance(outcome, BaseException):
             raise outcome
-        await pause_for(self.env, half)  # output processing, engine core → API server → client
+        # output processing, engine core → API server → client, in turn behind the responses finished before it
+        await pause_for(self.env, self._out_at.pop(req.seq, float(self.env.now) + half) - float(self.env.now))
         return outcome
 
     def _finish(self, req: Request, finish: str) -> None:
-        """The scheduler ended `req`: its response leaves through the front end (the second half of the overhead)."""
-        self._tail_until = max(self._tail_until, float(self.env.now) + self.settings.request_overhead_s / 2)
+        """The scheduler ended `req`: its response leaves through the front end (the second half of the overhead),
+        after the API server has built it: one process per engine builds finished responses one at a time, at
+        `response_per_token_s` per generated token, so a batch that finishes together leaves one by one."""
+        start = max(float(self.env.now), self._frontend_free)
+        self._frontend_free = start + self.settings.response_per_token_s * req.gen
+        out_at = self._frontend_free + self.settings.request_overhead_s / 2
+        self._out_at[req.seq] = out_at
+        self._tail_until = max(self._tail_until, out_at)
         if finish == "abort":
             self.stats.aborted += 1
         else:

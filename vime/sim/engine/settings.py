@@ -50,6 +50,11 @@ class EngineSettings:
     #: vime's client), paid half on the way in and half on the way out, so concurrent requests still
     #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step.
     request_overhead_s: float = 0.0113
+    #: vLLM's API server builds each finished request's response (token ids and log-probs) in its one Python
+    #: process, one response at a time: per generated token. The H200 whole steps with vLLM's /metrics beside
+    #: the client's times (2026-12-02, fourth lease): 256 responses of 1024 tokens reach the client over 5-7 s
+    #: after the engine finished them together (bench/fit_whole_step.py section 7). Host CPU work, every preset.
+    response_per_token_s: float = 25.7e-6
     #: Per weight bucket beyond the round trip: opening the CUDA IPC handles on every rank and vLLM's work
     #: around load_weights. With load_per_tensor_s, closed form on the H200 (vLLM alone: 16 buckets of 399
     #: tensors; the MoE whole step: 6 buckets of 1,575 tensors; bench/fit_whole_step.py).
@@ -106,7 +111,8 @@ class EngineSettings:
             raise ConfigError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ConfigError(f"block size must be ≥ 1, got {self.block_size}")
-        for name in ("request_overhead_s", "first_update_s", "start_update_call_s", "finish_update_call_s"):
+        for name in ("request_overhead_s", "response_per_token_s", "first_update_s", "start_update_call_s",
+                     "finish_update_call_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")

@@ -101,7 +101,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     is 2 × their forward (fitted on the H200: bench/data/h200_megatron_1.7b_accounting.json).
     Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
     and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`, plus
-    `train_host_s_per_expert` for each of a MoE layer's `local_experts` where the stack runs them one by one); on a CPU
+    `train_host_s_per_expert`, plus `train_host_s_per_expert_sequence` per sequence, for each of a MoE layer's
+    `local_experts` where the stack runs them one by one); on a CPU
     device (`HardwareSpec.host_overlaps_compute` false) that CPU work adds to the kernels' instead.
     """
     flops = sum(model.sequence_flops(n) for n in lengths)
@@ -122,7 +123,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
     eff = hw.efficiency
-    experts = eff.train_host_s_per_expert * local_experts * len(model.moe_layers)
+    per_expert = eff.train_host_s_per_expert + eff.train_host_s_per_expert_sequence * len(lengths)
+    experts = per_expert * local_experts * len(model.moe_layers)
     host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers + experts
     host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers + experts
     if not hw.host_overlaps_compute:  # a CPU: the Python and the kernels it launches share the cores
