@@ -1066,11 +1066,15 @@ def _unmeasured_defaults(prof: dict) -> None:
         eff["trainer_call_s"] = 0.0
         src.setdefault("efficiency.trainer_call_s", "0 (the default): not measured; a trainer call's fixed cost (Ray "
                                                     "round trip, the rank's Python) is negligible next to a GPU step")
-    for key in ("train_host_s_per_expert", "train_host_s_per_expert_sequence"):
-        if key not in eff:
-            eff[key] = 0.0
-            src.setdefault(f"efficiency.{key}", "0 (the default): not measured here; MoE whole RL steps "
-                                                "measure it (bench/fit_whole_step.py)")
+    if "train_host_s_per_expert" not in eff:
+        eff["train_host_s_per_expert"] = 0.0
+        src.setdefault("efficiency.train_host_s_per_expert", "0 (the default): not measured here; MoE whole RL steps "
+                                                             "measure it (bench/fit_whole_step.py)")
+    if "train_expert_gemm_efficiency" not in eff:
+        eff["train_expert_gemm_efficiency"] = 0.7
+        src.setdefault("efficiency.train_expert_gemm_efficiency", "0.7 (the default, an assumption for a grouped GEMM): "
+                                                                  "not measured here; MoE whole RL steps measure it "
+                                                                  "(bench/fit_whole_step.py)")
     sw = prof.setdefault("software", {})
     if "train_step_residue_bytes" not in sw:
         sw["train_step_residue_bytes"] = 0

@@ -98,10 +98,12 @@ def prefill_seconds(im: IterationModel, prompt: int, chunk: int = 8192, overhead
     return t if overhead else t - im.overhead_s * math.ceil(prompt / chunk)
 
 
-def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int) -> float:
-    """B requests of `prompt` tokens each generating `new` tokens in lockstep (prefill then decode).
+def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int, response_per_token_s: float = 0.0) -> float:
+    """B requests of `prompt` tokens each generating `new` tokens in lockstep (prefill then decode), until the last
+    response is out.
 
-    The prefill iteration samples each request's first token, so `new - 1` decode iterations follow.
+    The prefill iteration samples each request's first token, so `new - 1` decode iterations follow; then the API
+    server builds the B responses one at a time (EngineSettings.response_per_token_s per token).
     """
     t = 0.0
     total = batch * prompt
@@ -114,7 +116,7 @@ def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int) ->
     for j in range(new - 1):
         ctx = batch * (prompt + j + 1)
         t += im.time(batch, ctx, ctx)
-    return t
+    return t + batch * new * response_per_token_s
 
 
 def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
@@ -298,7 +300,7 @@ def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[di
         row(group, f"generate B={b} x {n} tokens",
             per_run(lambda ph, b=b, n=n: next(r["wall_s"] for r in ph["decode"]
                                               if (r["batch"], r["max_tokens"]) == (b, n))),
-            decode_run_seconds(im, b, 128, n) + fe)
+            decode_run_seconds(im, b, 128, n, settings.response_per_token_s) + fe)
     lens = sorted({r["prompt_len"] for v in runs for r in v.get("phases", {}).get("prefill", [])})
     for n in lens:
         row(group, f"prefill {n} tokens, max_tokens 1",

@@ -328,3 +328,27 @@ def test_experts_run_one_by_one_put_a_cpu_floor_per_local_expert():
         fwd, bwd = compute_seconds(m, host_bound, lengths, 1, local)
         assert fwd - base[0] == pytest.approx(per_expert * local * len(m.moe_layers), rel=1e-9)
         assert bwd - base[1] == pytest.approx(per_expert * local * len(m.moe_layers), rel=1e-9)
+
+
+def test_slow_expert_gemms_run_under_the_cpu_floor_not_after_it():
+    """The experts' GEMM time (efficiency.train_expert_gemm_efficiency) is GPU time: while a pass is held by the CPU
+    floor of one-by-one experts it costs nothing, and once the GPU is the slower side it adds in full. The H200
+    MoE steps: halving the tokens at micro-batch 2 left the train phase where it was, at micro-batch 4 it fell by a third."""
+    import dataclasses
+
+    hw = load_hardware("H200-141G-measured")
+    placement = SimpleNamespace(actor_num_nodes=1, actor_num_gpus_per_node=1)
+    parallel = SimpleNamespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, context_parallel_size=1,
+                               use_distributed_optimizer=True, recompute_granularity=None,
+                               expert_model_parallel_size=1, expert_tensor_parallel_size=None)
+
+    def pass_seconds(efficiency: float, lengths: list[int]) -> float:
+        eff = dataclasses.replace(hw.efficiency, train_expert_gemm_efficiency=efficiency)
+        cm = ActorCostModel(placement, parallel, load_model("Qwen3-30B-A3B"), dataclasses.replace(hw, efficiency=eff), 1)
+        fwd, bwd = cm._microbatch_seconds(lengths, backward=True)
+        return fwd + bwd
+
+    short = [64] * 2  # host-bound: 128 one-by-one experts per layer outlast the GPU
+    assert pass_seconds(0.7, short) == pytest.approx(pass_seconds(0.35, short), rel=1e-12)
+    long = [4096] * 4  # GPU-bound: slower expert GEMMs lengthen the pass
+    assert pass_seconds(0.05, long) > 1.5 * pass_seconds(0.7, long)

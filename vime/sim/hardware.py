@@ -34,7 +34,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "collective_latency_s": 0.0,              # per collective call the trainer issues (optional, 0)
         "host_copy_util": 0.80,                   # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
         "train_host_s_per_expert": 0.0,           # trainer CPU floor per routed expert of a MoE layer run one by one (optional, 0)
-        "train_host_s_per_expert_sequence": 0.0,  # + per sequence of the micro-batch (optional, 0)
+        "train_expert_gemm_efficiency": 0.7,      # experts' GEMMs vs a dense GEMM of the same FLOPs (optional, 0.7)
         "export_call_s": 0.0,                     # trainer host work per weight export (optional, 0)
         "export_per_tensor_s": 0.0                # ... and per HF tensor it exports (optional, 0)
       },
@@ -359,7 +359,7 @@ class HardwareSpec:
                                                          "allgather_bw_util", "collective_latency_s",
                                                          "train_host_bwd_s_per_layer", "trainer_call_s",
                                                          "train_host_step_s", "export_call_s", "train_host_s_per_expert",
-                                                         "train_host_s_per_expert_sequence",
+                                                         "train_expert_gemm_efficiency",
                                                          "export_per_tensor_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,

@@ -103,11 +103,13 @@ class Efficiency:
     #: its IPC handle). 0 in the estimate presets; H200: bench/fit_whole_step.py.
     #: The CPU floor per routed expert of each MoE layer, forward and backward alike, where the training stack
     #: runs the experts one by one (Megatron's SequentialMLP, vime's local spec without grouped GEMM: a module
-    #: call and its kernels per expert): per micro-batch, and per sequence in it. 0 for a grouped-GEMM stack
-    #: (one launch for all experts); H200: fitted on three MoE whole steps that vary micro-batches and tokens
-    #: (bench/fit_whole_step.py): the cost follows passes and sequences, not tokens.
+    #: call and its kernels per expert). 0 for a grouped-GEMM stack (one launch for all experts); H200: fitted
+    #: on MoE whole steps (bench/fit_whole_step.py), beside train_expert_gemm_efficiency.
     train_host_s_per_expert: float = 0.0
-    train_host_s_per_expert_sequence: float = 0.0
+    #: The experts' GEMMs against a dense GEMM of the same FLOPs, on the GPU (the routed tokens split into many
+    #: small problems). 0.7 is a documented assumption for Megatron's grouped GEMM on Hopper (60-80 % of a dense
+    #: layer's MFU); the H200 profile's value is fitted on its one-by-one experts (bench/fit_whole_step.py).
+    train_expert_gemm_efficiency: float = 0.7
     export_call_s: float = 0.0
     export_per_tensor_s: float = 0.0
     #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm

@@ -1,4 +1,4 @@
-"""Mixture-of-experts costs for the simulator: expert parameters per rank, touched experts, all-to-all and grouped GEMMs.
+"""Mixture-of-experts costs for the simulator: expert parameters per rank, touched experts, all-to-all (the experts' GEMM efficiency is `Efficiency.train_expert_gemm_efficiency`).
 
 A MoE layer (`vime.sim.models.ModelSpec` with ``num_experts > 0``) replaces the dense MLP by a
 router (hidden × experts, replicated), ``num_experts`` routed experts of ``moe_ffn_hidden_size``
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from vime.sim.hardware import HardwareSpec
     from vime.sim.models import ModelSpec
 
-#: Grouped GEMMs of small experts reach a fraction of a dense GEMM's throughput at the same FLOPs
-#: (many [tokens_e × h] × [h × f] problems with f = 768 or 1536 per expert); Megatron's grouped
-#: GEMM on Hopper is reported at 60-80 % of a dense layer's MFU: 0.7, a documented assumption.
-GROUPED_GEMM_EFFICIENCY = 0.7
 #: Tokens the busiest EP rank's experts receive over the mean (router load imbalance). With an
 #: auxiliary load-balancing loss the hottest expert gets ~1.2-1.5× the mean; a rank holding E/EP
 #: experts averages that out: 1.15 is the default, --moe-load-imbalance changes it.

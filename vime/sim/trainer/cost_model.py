@@ -153,7 +153,7 @@ class ActorCostModel:
         per_token = self.model.activation_bytes_per_token(lay.tp, lay.pp, self.recompute,
                                                           sequence_parallel=self.sequence_parallel,
                                                           **software_terms(self.hw), etp=self.etp,
-                                                          imbalance=self.imbalance)
+                                                          imbalance=self._imbalance())
         seqs = [tokens] if lengths is None else lengths
         extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
                  + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
@@ -200,24 +200,23 @@ class ActorCostModel:
         """(forward, backward) of one micro-batch, each with the forward's TP collectives."""
         lay = self.layout
         local = self.model.num_experts // self.ep if self.model.is_moe else 0
-        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local)
+        e_fwd, a2a = self._moe_seconds(lengths) if self.model.is_moe else (0.0, 0.0)
+        # the experts' slow GEMMs are GPU time: under the CPU floor, not after it
+        extra = (e_fwd, self.hw.efficiency.train_backward_factor * e_fwd)
+        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local, extra)
         tokens = sum(lengths) / lay.cp
         # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
         act = tokens * self.model.hidden_size * self.model.dtype_bytes
         comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
             act, lay.tp, inter_node=lay.tp_crosses_nodes)
-        if self.model.is_moe:
-            e_fwd, a2a = self._moe_seconds(lengths)
-            fwd += e_fwd + a2a
-            bwd += self.hw.efficiency.train_backward_factor * e_fwd + a2a
-        return fwd + comm, bwd + 2.0 * comm
+        return fwd + a2a + comm, bwd + a2a + 2.0 * comm
 
     def _moe_seconds(self, lengths: Sequence[int]) -> tuple[float, float]:
         """(extra expert compute, dispatch + combine) of one micro-batch's forward on a MoE model.
 
         `compute_seconds` already counts the experts' FLOPs at the dense rate, spread evenly; the
-        busiest EP rank gets `imbalance` × the mean tokens and its grouped GEMMs run at
-        GROUPED_GEMM_EFFICIENCY of a dense GEMM, which adds expert time × (imbalance / efficiency − 1).
+        busiest EP rank gets `imbalance` × the mean tokens and its expert GEMMs run at
+        `efficiency.train_expert_gemm_efficiency` of a dense GEMM, which adds expert time × (imbalance / efficiency − 1).
         Each MoE layer sends every token's k copies out and back (sequence-parallel shards of
         tokens / (TP · CP) per rank) over the EP group, which crosses nodes when ETP × EP does;
         the backward repeats the two all-to-alls."""
@@ -225,11 +224,15 @@ class ActorCostModel:
         tokens = sum(lengths)
         ranks = lay.tp * lay.pp * lay.cp
         expert = moe.expert_flops_per_token(m) * tokens / (ranks * self.hw.train_flops)
-        extra = expert * (self.imbalance / moe.GROUPED_GEMM_EFFICIENCY - 1.0)
+        extra = expert * (self._imbalance() / self.hw.efficiency.train_expert_gemm_efficiency - 1.0)
         per_rank_tokens = tokens / (lay.tp * lay.cp)
         a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=len(m.moe_layers),
                                            inter_node=self.ep * self.etp > lay.gpus_per_node)
-        return extra, a2a * self.imbalance
+        return extra, a2a * self._imbalance()
+
+    def _imbalance(self) -> float:
+        """The busiest EP rank's share of routed tokens over the mean: 1 without expert parallelism (one rank gets them all)."""
+        return self.imbalance if self.ep > 1 else 1.0
 
     def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
         fwd, bwd = self._compute_and_comm(lengths)

@@ -91,7 +91,7 @@ def software_stream_bytes_per_token(model: ModelSpec, hw: HardwareSpec) -> tuple
 
 
 def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1,
-                    local_experts: int = 0) -> tuple[float, float]:
+                    local_experts: int = 0, expert_extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
 
     Flash attention (the default): FLOPs of `ModelSpec.sequence_flops` (causal) at train MFU,
@@ -101,8 +101,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     is 2 × their forward (fitted on the H200: bench/data/h200_megatron_1.7b_accounting.json).
     Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
     and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`, plus
-    `train_host_s_per_expert`, plus `train_host_s_per_expert_sequence` per sequence, for each of a MoE layer's
-    `local_experts` where the stack runs them one by one); on a CPU
+    `train_host_s_per_expert` for each of a MoE layer's `local_experts` where the stack runs them one by one); the
+    experts' GPU time beyond the dense rate (`expert_extra`, forward and backward) runs under the same floor; on a CPU
     device (`HardwareSpec.host_overlaps_compute` false) that CPU work adds to the kernels' instead.
     """
     flops = sum(model.sequence_flops(n) for n in lengths)
@@ -122,9 +122,9 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         elements = model.score_elements(lengths) / ranks
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
+    fwd, bwd = fwd + expert_extra[0], bwd + expert_extra[1]
     eff = hw.efficiency
-    per_expert = eff.train_host_s_per_expert + eff.train_host_s_per_expert_sequence * len(lengths)
-    experts = per_expert * local_experts * len(model.moe_layers)
+    experts = eff.train_host_s_per_expert * local_experts * len(model.moe_layers)
     host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers + experts
     host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers + experts
     if not hw.host_overlaps_compute:  # a CPU: the Python and the kernels it launches share the cores
