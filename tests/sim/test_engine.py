@@ -255,8 +255,15 @@ def test_closed_form_matches_per_iteration_reference(n: int, seed: int, kv_block
     ref, ref_preemptions = reference_finish_times(
         e, [(f"r{i}", prompts[i], r.completion_tokens) for i, r in enumerate(results)])
     overhead = e.settings.request_overhead_s  # the front end's latency: half before the scheduler, half after
+    # the API server builds the responses one at a time, in the order the engine finished them
+    tokens = {f"r{i}": r.completion_tokens for i, r in enumerate(results)}
+    out, free = {}, 0.0
+    for rid, t in ref.items():  # insertion order: finish order
+        free = max(t, free) + e.settings.response_per_token_s * tokens[rid]
+        out[rid] = free
+    assert e.settings.response_per_token_s > 0
     for i in range(n):
-        assert times[i] == pytest.approx(ref[f"r{i}"] + overhead, rel=1e-9)
+        assert times[i] == pytest.approx(out[f"r{i}"] + overhead, rel=1e-9)
     assert e.stats.preemptions == ref_preemptions
     if kv_blocks is not None:
         assert ref_preemptions > 0
@@ -469,7 +476,7 @@ def test_abort_requests_ends_everything() -> None:
     assert {r.finish_reason for r in clock.run(main(), env=e.env)} == {"abort"}
 
 
-def _engine_with_allocator() -> tuple[SimEngine, SimCluster]:
+def _engine_with_allocator(**settings: Any) -> tuple[SimEngine, SimCluster]:
     from vime.sim.models import load_model
 
     env = simpy.Environment()
@@ -477,7 +484,7 @@ def _engine_with_allocator() -> tuple[SimEngine, SimCluster]:
     cluster = SimCluster.create(env, hw, 2)
     alloc = engine_allocator("engine0", cluster.gpus, hw, host=cluster.host, recorder=cluster.recorder, env=env,
                              pinned="cold")
-    e = SimEngine("engine0", env, hw, load_model("Qwen3-4B"), EngineSettings(tp=2), LengthSampler("fixed:32"),
+    e = SimEngine("engine0", env, hw, load_model("Qwen3-4B"), EngineSettings(tp=2, **settings), LengthSampler("fixed:32"),
                   allocator=alloc)
     return e, cluster
 
@@ -514,6 +521,27 @@ def test_sleep_level2_discards_weights_and_kv_and_wake_restores() -> None:
 
     t = clock.run(main(), env=e.env)
     assert t["sleep"] > 0 and t["wake_weights"] > 0
+
+
+def test_vllm_0_25_1_sleeps_copy_no_runtime_memory() -> None:
+    """EngineSettings.sleep_backup_runtime 0 (vLLM 0.25.1, the H200 profile): a level-2 sleep copies nothing to the host
+    ("0.00 GiB is backed up in CPU"), the runtime and CUDA-graph memory come back empty, and the weights' wake costs less."""
+    walls = {}
+    for backup in (1, 0):
+        e, cluster = _engine_with_allocator(sleep_backup_runtime=backup)
+        g0 = cluster.gpus[0]
+
+        async def main(e: SimEngine = e, cluster: SimCluster = cluster, g0: Any = g0) -> float:
+            await e.sleep(2)
+            host = cluster.host.used("engine0")
+            t0 = clock.now()
+            await e.wake_up(["weights"])
+            assert g0.used("engine0", "cuda_graph") == e.kv.cuda_graph_bytes  # mapped again either way
+            return host, clock.now() - t0
+
+        host, walls[backup] = clock.run(main(), env=e.env)
+        assert (host == 0) == (backup == 0)
+    assert walls[0] < walls[1]
 
 
 def test_sleep_level1_offloads_weights_to_host() -> None:

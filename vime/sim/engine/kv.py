@@ -151,7 +151,7 @@ async def release_memory(allocator: SimAllocator, env: simpy.Environment, offloa
                          settings: EngineSettings, weight_tensors: int) -> None:
     """A vLLM sleep's memory work: `offload` tags copied to the host, weights and KV not among them discarded,
     then the call's fixed cost and, when the weights are copied, CuMem's per-tensor backup loop."""
-    discard = tuple(t for t in (TAG_WEIGHTS, TAG_KV_CACHE) if t not in offload)
+    discard = tuple(t for t in (TAG_WEIGHTS, TAG_KV_CACHE, *NON_DEFERRABLE) if t not in offload)
     await allocator.sleep(offload, discard)
     copies = weight_tensors if TAG_WEIGHTS in offload else 0
     await elapse(env, settings.sleep_call_s + settings.sleep_per_tensor_s * copies)

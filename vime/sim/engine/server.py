@@ -36,6 +36,7 @@ import simpy
 
 from vime.errors import ConfigError, EngineError
 from vime.protocols import (
+    TAG_WEIGHTS,
     EngineLifecycle,
     EngineMemory,
     GenerateRequest,
@@ -257,7 +258,10 @@ class SimEngine(EngineFaults):
         await pause_for(self.env, self.settings.http_rtt_s / 2)
         await self._core.control("quiesce", mode)
         self._core.hold = True
-        await release_memory(self.allocator, self.env, sleep_offload_tags(level), self.settings, self._weight_tensors)
+        offload = sleep_offload_tags(level)
+        if not self.settings.sleep_backup_runtime:  # vLLM 0.25.1: only the weights' pool is ever copied out
+            offload = tuple(t for t in offload if t == TAG_WEIGHTS)
+        await release_memory(self.allocator, self.env, offload, self.settings, self._weight_tensors)
         self.lifecycle.on_sleep(level)
         self._log("sleep", level)
         await pause_for(self.env, self.settings.http_rtt_s / 2)

@@ -39,6 +39,10 @@ class EngineSettings:
     #: and libraries outside the memory profiler's count): a measured profile's figure (the H200's engine
     #: section, bench/fit_whole_step.py); 0 where none was measured.
     outside_budget_bytes: int = 0
+    #: 1: a sleep copies the runtime and CUDA-graph memory to the host and a wake copies it back (the seed's vLLM,
+    #: where they are CuMem tags at both levels, seed step 36). 0: vLLM 0.25.1, where only the weights' pool is
+    #: ever copied ("0.00 GiB is backed up in CPU" at level 2 on the H200): they are dropped and come back empty.
+    sleep_backup_runtime: float = 1
     #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
     #: kernel and pay `Efficiency.eager_iteration_s` (vLLM's default capture sizes end at 512).
     cuda_graph_max_tokens: int = 512
