@@ -124,13 +124,13 @@ def loss(a: Any) -> tuple[Any, ...]:
 
 
 def advantages(a: Any) -> list[list[float]]:
-    """The real actor's per-token advantages (MegatronActor._advantages) for two rows."""
-    from vime.real.megatron.actor import MegatronActor
+    """The real actor's per-token advantages (vime.real.megatron.actor.rank_advantages) for two rows."""
+    from vime.real.megatron.actor import rank_advantages
 
     batch = SimpleNamespace(rewards=[1.0, 0.0], response_lengths=[3, 2], loss_masks=[[1, 1, 1], [1, 1]])
     old = [torch.tensor([-1.0, -0.5, -0.2]), torch.tensor([-0.3, -0.9])]
     ref = [torch.tensor([-1.4, -0.1, -0.2]), torch.tensor([-0.8, -0.4])]
-    out = MegatronActor._advantages(SimpleNamespace(cfg=actor(a)), batch, old, ref)  # type: ignore[arg-type]
+    out = rank_advantages(actor(a), batch, old, ref)
     return [[round(float(x), 6) for x in row] for row in out]
 
 

@@ -70,32 +70,36 @@ def test_lone_request_pays_the_front_end_latency_exactly_once():
     assert took - took_bare == pytest.approx(overhead, rel=1e-9)
     # the engine's own time is what it was: the front end occupies no iteration
     assert e.stats.busy_s == pytest.approx(bare.stats.busy_s, rel=1e-12)
-    assert took == pytest.approx(e.stats.busy_s + overhead, rel=1e-9)
+    built = 8 * e.settings.response_per_token_s  # the API server builds the 8-token response
+    assert took == pytest.approx(e.stats.busy_s + overhead + built, rel=1e-9)
     # half on the way in: the request reaches the scheduler at overhead / 2, finishes overhead / 2 before the caller sees it
     arrive = next(ev for ev in e.events if ev[1] == "arrive")
     finish = next(ev for ev in e.events if ev[1] == "finish")
     assert arrive[0] == pytest.approx(overhead / 2, rel=1e-9)
-    assert took - finish[0] == pytest.approx(overhead / 2, rel=1e-9)
+    assert took - finish[0] == pytest.approx(overhead / 2 + built, rel=1e-9)
 
 
 def test_one_token_request_is_the_first_step_plus_the_overhead():
     e = make_engine(tp=1, spec="fixed:1")
     took = _lone(e, 16, 1)
     # one iteration computes the 16 prompt tokens (reading their own KV) and samples the only token
-    assert took == pytest.approx(e.cost.first_time(16, 16, 16 * 17 / 2, 1) + e.settings.request_overhead_s, rel=1e-9)
+    assert took == pytest.approx(e.cost.first_time(16, 16, 16 * 17 / 2, 1) + e.settings.request_overhead_s
+                                 + e.settings.response_per_token_s, rel=1e-9)
 
 
 def test_concurrent_requests_still_share_iterations():
-    """The front end's latency overlaps across requests: two concurrent requests are not twice as slow."""
+    """The front end's latency overlaps across requests: two concurrent requests are not twice as slow; only
+    the building of their responses takes turns (the second waits for the first's 64 tokens)."""
     one = make_engine(tp=1, spec="fixed:64")
     two = make_engine(tp=1, spec="fixed:64")
     lone = _lone(one, 128, 64)
     pair = _together(two, 128, 64, 2)
-    assert pair[0] == pytest.approx(pair[1], rel=1e-12)  # admitted and finished together
+    first, second = sorted(pair)
+    assert second - first == pytest.approx(64 * two.settings.response_per_token_s, rel=1e-9)
     assert set(two.stats.batch_iterations) == {2} and two.stats.iterations == one.stats.iterations
     # the pair differs from the lone request only by the engine's cost of the larger batch
-    assert pair[0] - lone == pytest.approx(two.stats.busy_s - one.stats.busy_s, rel=1e-9, abs=1e-12)
-    assert pair[0] < 1.2 * lone
+    assert first - lone == pytest.approx(two.stats.busy_s - one.stats.busy_s, rel=1e-9, abs=1e-12)
+    assert second < 1.2 * lone
 
 
 def test_default_overhead_reproduces_the_measured_lone_request():
