@@ -544,6 +544,11 @@ def test_vllm_0_25_1_sleeps_copy_no_runtime_memory() -> None:
     assert walls[0] < walls[1]
 
 
+def test_sleep_backup_runtime_is_zero_or_one() -> None:
+    with pytest.raises(ConfigError, match="sleep_backup_runtime must be 0"):
+        EngineSettings(sleep_backup_runtime=2)
+
+
 def test_sleep_level1_offloads_weights_to_host() -> None:
     e, cluster = _engine_with_allocator()
 

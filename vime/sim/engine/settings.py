@@ -115,6 +115,9 @@ class EngineSettings:
             raise ConfigError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ConfigError(f"block size must be ≥ 1, got {self.block_size}")
+        if self.sleep_backup_runtime not in (0, 1):
+            raise ConfigError(f"EngineSettings.sleep_backup_runtime must be 0 (vLLM 0.25.1: nothing copied at a level-2 "
+                              f"sleep) or 1 (the seed's vLLM), got {self.sleep_backup_runtime!r}")
         for name in ("request_overhead_s", "response_per_token_s", "first_update_s", "start_update_call_s",
                      "finish_update_call_s"):
             value = getattr(self, name)
