@@ -415,6 +415,12 @@ def held_out(profile: dict, work: Path) -> list[str]:
     return lines
 
 
+def section(title: str, lines: list[str]) -> None:
+    print(title)
+    for line in lines:
+        print("   " + line)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail unless the committed values are the fits")
@@ -439,18 +445,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   EngineSettings.{k} = {v}")
         wake.update(buckets)
         procs, proc_lines = process_terms(profile)
-        print("6. Process memory outside the allocators (the third lease's per-process samples):")
-        for k, v in procs.items():
-            print(f"   {k} = {v} ({v / GIB:.3f} GiB)")
-        for line in proc_lines:
-            print("   " + line)
+        section("6. Process memory outside the allocators (the third lease's per-process samples):",
+                [f"{k} = {v} ({v / GIB:.3f} GiB)" for k, v in procs.items()] + proc_lines)
         fitted.update(procs)
         front, front_lines = frontend_terms(profile)
-        print("7. The API server's response cost and vLLM's step beside it (the fourth lease's /metrics):")
-        for k, v in front.items():
-            print(f"   {k} = {v}")
-        for line in front_lines:
-            print("   " + line)
+        section("7. The API server's response cost and vLLM's step beside it (the fourth lease's /metrics):",
+                [f"{k} = {v}" for k, v in front.items()] + front_lines)
         wake["response_per_token_s"] = front.pop("EngineSettings.response_per_token_s")
         fitted.update(front)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}

@@ -128,19 +128,12 @@ def _im(hw: HardwareSpec = MEASURED) -> IterationModel:
 
 
 def _engine_itl(run: str) -> list[float]:
-    """vLLM's own mean inter-token latency over each rollout of a whole step (its /metrics, sampled by run.sh)."""
-    rows = [json.loads(x) for x in (DATA / "h200_train_e2e" / run / "vllm_metrics.jsonl").read_text().splitlines()]
-    out, start, prev = [], None, rows[0]["m"]
-    for r in rows:
-        running = r["m"].get("vllm:num_requests_running", 0)
-        if running > 0 and start is None:
-            start = prev
-        elif running == 0 and start is not None:
-            n = r["m"]["vllm:inter_token_latency_seconds_count"] - start["vllm:inter_token_latency_seconds_count"]
-            out.append((r["m"]["vllm:inter_token_latency_seconds_sum"] - start["vllm:inter_token_latency_seconds_sum"]) / n)
-            start = None
-        prev = r["m"]
-    return out
+    """vLLM's own mean inter-token latency over each rollout after the first (bench/fit_whole_step.py reads it)."""
+    spec = importlib.util.spec_from_file_location("vime_bench_fit_whole_step", ROOT / "bench" / "fit_whole_step.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.engine_itl(run)
 
 
 def test_large_decode_batches_are_host_bound_small_ones_gpu_bound():
