@@ -643,19 +643,25 @@ def _tp_of(run: dict) -> int:
     return int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
 
 
-def _fit_tp_host(runs: list[dict], eff: dict, src: dict, where: str) -> None:
+def _fit_tp_host(runs: list[dict], eff: dict, src: dict, where: str, response_per_token_s: float | None = None) -> None:
     """host_step_tp_scale from a TP=1 and a TP>1 vLLM run on the same machine (give both to --from-raw):
     the median over the decode runs both measured of per-step time at TP>1 over per-step time at TP=1
-    (on the H200 every one of them was host-bound at TP=1)."""
+    (on the H200 every one of them was host-bound at TP=1), each less its share of the API server's building
+    of the responses (B · response_per_token_s a step: one process whatever the TP, so not the engine's step)."""
+    if response_per_token_s is None:
+        response_per_token_s = _sim()[0].EngineSettings().response_per_token_s
     by_tp: dict[int, list[dict]] = {}
     for r in runs:
         by_tp.setdefault(_tp_of(r), []).append(r)
     if 1 not in by_tp or len(by_tp) < 2:
         raise SystemExit("vLLM runs in --from-raw must be a pair from one machine: one at TP=1 and one at TP>1 "
                          f"(got TP {sorted(by_tp)}); the TP=1 decode fit takes --vllm-raw")
-    one = {(d["batch"], d["max_tokens"]): d["s_per_step"] for r in by_tp[1] for d in r["phases"].get("decode", [])}
+    def step(d: dict) -> float:
+        return d["s_per_step"] - d["batch"] * response_per_token_s
+
+    one = {(d["batch"], d["max_tokens"]): step(d) for r in by_tp[1] for d in r["phases"].get("decode", [])}
     tp = max(by_tp)
-    ratios = [d["s_per_step"] / one[(d["batch"], d["max_tokens"])] for r in by_tp[tp]
+    ratios = [step(d) / one[(d["batch"], d["max_tokens"])] for r in by_tp[tp]
               for d in r["phases"].get("decode", []) if (d["batch"], d["max_tokens"]) in one]
     if not ratios:
         raise SystemExit("the TP pair in --from-raw shares no decode runs (same --decode grid on both, please)")

@@ -275,8 +275,11 @@ def test_tp_host_scale_needs_a_tp_pair(tmp_path: Path):
         CAL.build_profile(raw, VLLM, base=BASE)
     tp2 = json.loads((DATA / "h200x2_vllm_0.25.1_tp2.json").read_text())
     spec = HardwareSpec.from_dict(CAL.build_profile(CAL.merge_raw([RAW, tp1, tp2]), VLLM, base=BASE))
-    steps = {(d["batch"], d["max_tokens"]): d["s_per_step"] for d in tp1["phases"]["decode"]}
-    ratios = sorted(d["s_per_step"] / steps[(d["batch"], d["max_tokens"])] for d in tp2["phases"]["decode"])
+    # each step less its share of the API server's response building, which is one process whatever the TP
+    per_token = EngineSettings().response_per_token_s
+    steps = {(d["batch"], d["max_tokens"]): d["s_per_step"] - d["batch"] * per_token for d in tp1["phases"]["decode"]}
+    ratios = sorted((d["s_per_step"] - d["batch"] * per_token) / steps[(d["batch"], d["max_tokens"])]
+                    for d in tp2["phases"]["decode"])
     assert spec.efficiency.host_step_tp_scale == pytest.approx(ratios[len(ratios) // 2])
     assert all(r < 1 for r in ratios)  # every decode run stepped faster at TP=2 on the same machine
     # the engine applies it only past TP=1
