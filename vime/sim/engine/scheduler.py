@@ -44,7 +44,7 @@ class Request:
     """One request inside the engine. In decode mode gen/computed are offsets against the scheduler's tick."""
 
     __slots__ = ("rid", "seq", "key", "prompt", "target", "reason", "max_tokens", "gen", "computed",
-                 "goff", "coff", "mode", "done", "arrival", "preemptions")
+                 "goff", "coff", "mode", "done", "arrival", "preemptions", "out_at")
 
     def __init__(self, rid: str, seq: int, key: str, prompt: int, target: int, reason: str,
                  max_tokens: int, done: simpy.Event, arrival: float) -> None:
@@ -59,6 +59,7 @@ class Request:
         self.computed = 0  # tokens whose KV is in the cache (absolute, outside decode mode)
         self.goff = 0  # decode mode: gen = goff + tick
         self.coff = 0  # decode mode: computed = coff + tick
+        self.out_at = -1.0  # when its response reaches the client (set when it finishes)
         self.mode = WAITING
         self.done = done
         self.arrival = arrival

@@ -102,7 +102,6 @@ class SimEngine(EngineFaults):
         self._core = EngineCore(self.name, self.env, self.lifecycle, self._sched, self._busy_span, self._log)
         self._tail_until = 0.0  # when the last finished request's response has left the front end
         self._frontend_free = 0.0  # when the API server has built the responses queued so far
-        self._out_at: dict[int, float] = {}  # request seq → when its response reaches the client
 
     def _log(self, *event: Any) -> None:
         if self.events is not None:
@@ -175,7 +174,7 @@ class SimEngine(EngineFaults):
         if isinstance(outcome, BaseException):
             raise outcome
         # output processing, engine core → API server → client, in turn behind the responses finished before it
-        await pause_for(self.env, self._out_at.pop(req.seq, float(self.env.now) + half) - float(self.env.now))
+        await pause_for(self.env, max(req.out_at, float(self.env.now) + half) - float(self.env.now))
         return outcome
 
     def _finish(self, req: Request, finish: str) -> None:
@@ -185,7 +184,7 @@ class SimEngine(EngineFaults):
         start = max(float(self.env.now), self._frontend_free)
         self._frontend_free = start + self.settings.response_per_token_s * req.gen
         out_at = self._frontend_free + self.settings.request_overhead_s / 2
-        self._out_at[req.seq] = out_at
+        req.out_at = out_at
         self._tail_until = max(self._tail_until, out_at)
         if finish == "abort":
             self.stats.aborted += 1
