@@ -92,6 +92,10 @@ class TrainerError(VimeError):
     """The trainer (Megatron actors or the simulated trainer) failed."""
 
 
+class NodeLostError(VimeError):
+    """A node of a multi-node run left the cluster: what ran there is gone and the run cannot go on."""
+
+
 class OutOfMemoryError(VimeError):
     """An allocation that does not fit on a (real or simulated) GPU: where, when and by how much."""
 

@@ -152,6 +152,7 @@ class StepReport:
         if r.get("answered_requests"):
             # where the rollout's time goes: until the first and the last answer, and a request's mean time
             m["perf/rollout_first_request_time"] = float(r["first_request_s"])
+            m["perf/rollout_last_request_time"] = float(r["last_request_s"])
             m["perf/rollout_first_response_time"] = float(r["first_response_s"])
             m["perf/rollout_last_response_time"] = float(r["last_response_s"])
             m["perf/rollout_request_time_mean"] = float(r["request_time_mean_s"])

@@ -55,3 +55,36 @@ def test_a_plan_that_fits_nowhere_names_the_node_and_what_the_cluster_has() -> N
 ])
 def test_a_run_joins_only_the_cluster_it_is_given(flag, env, joined) -> None:
     assert ray_address_of(flag, env) == joined
+
+
+def test_a_lost_node_is_named_with_what_ran_there_whether_ray_saw_it_die_or_its_raylet_is_silent(monkeypatch) -> None:
+    """Two plan nodes of one rank and one engine each: node 1 dead in Ray's table, then alive there but with its
+    raylet's port closed (Ray has not noticed yet); a listening raylet is not lost."""
+    import socket
+
+    import ray
+
+    from vime.real.cluster import ReservedPlacement, node_lost_error
+
+    plan = _plan(2, 1)
+    nodes = [_node("aaaaaaaaaa", "127.0.0.1", 1), _node("bbbbbbbbbb", "127.0.0.1", 1)]
+    reserved = ReservedPlacement(plan, None, nodes)
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused
+        up, down = listening.getsockname()[1], closed.getsockname()[1]
+        table = [{"NodeID": "aaaaaaaaaa", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": up},
+                 {"NodeID": "bbbbbbbbbb", "Alive": False, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": up}]
+        monkeypatch.setattr(ray, "nodes", lambda: table)
+        assert reserved.lost_nodes() == [(1, "Ray marks it dead")]
+        table[1].update(Alive=True, NodeManagerPort=down)
+        assert reserved.lost_nodes() == [(1, "its raylet does not answer")]
+        table[1]["NodeManagerPort"] = up
+        assert reserved.lost_nodes() == []
+    assert reserved.on_node(0) == "trainer rank 0 and engine engine0"
+    assert reserved.on_node(1) == "trainer rank 1 and engine engine1"
+    err = node_lost_error(reserved, [(1, "Ray marks it dead")], RuntimeError("peer closed\nmore"))
+    assert str(err).startswith("node 127.0.0.1 (bbbbbbbb) with trainer rank 1 and engine engine1 (Ray marks it dead) "
+                               "left the cluster")
+    assert "RuntimeError: peer closed)" in str(err) and "more" not in str(err) and "--load" in str(err)

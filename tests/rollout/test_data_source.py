@@ -57,6 +57,34 @@ def test_groups_are_independent_copies_numbered_as_the_seed():
     assert nxt[0].group_index == 32 and nxt[0].index == 256
 
 
+def test_a_copy_is_as_independent_as_deepcopy_for_nested_labels_prompts_and_metadata():
+    """copy_sample's fast paths (containers of scalars) and its recursion leave nothing shared that can change."""
+    import copy
+    import dataclasses as dc
+
+    from vime.rollout.data_source import copy_sample
+    from vime.types import Sample
+
+    @dc.dataclass
+    class Box:
+        items: list[int]
+
+    label = {"answers": [1, 2, [3, 4]], "ids": list(range(20_000)), "pair": (1, [2]), "box": Box([5])}
+    prompt = [{"role": "user", "content": "hi", "parts": [1, 2]}]
+    src = Sample(prompt=prompt, label=label, tokens=[1, 2, 3], metadata={"tags": ["a"], "n": 1, "t": (1, 2)})
+    c = copy_sample(src)
+    assert c == copy.deepcopy(src)
+    c.label["answers"][2].append(5)
+    c.label["ids"].append(-1)
+    c.label["pair"][1].append(3)
+    c.label["box"].items.append(6)
+    c.prompt[0]["parts"].append(3)
+    c.metadata["tags"].append("b")
+    assert label == {"answers": [1, 2, [3, 4]], "ids": list(range(20_000)), "pair": (1, [2]), "box": Box([5])}
+    assert prompt[0]["parts"] == [1, 2] and src.metadata["tags"] == ["a"]
+    assert c.metadata["t"] is src.metadata["t"]  # a tuple of scalars cannot change: shared, as deepcopy shares it
+
+
 def test_epochs_wrap_and_shuffle_is_seeded():
     ds = SyntheticDataset(5, lambda i: 3 + i)
     src = DataSource(ds, n_samples_per_prompt=1)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vime.errors import ConfigError
+from vime.errors import ConfigError, NodeLostError
 from vime.placement import PlacementPlan
 
 #: Ray's built-in node label (Ray >= 2.49), the key of the per-bundle label selector.
@@ -137,6 +137,31 @@ class ReservedPlacement:
         lines = self.plan.describe()
         return [lines[0]] + [f"{line}  [{self.nodes[k].short}]" for k, line in enumerate(lines[1:])]
 
+    def lost_nodes(self, *, probe_timeout_s: float = 1.0) -> list[tuple[int, str]]:
+        """The plan nodes whose Ray node is gone, each with how that shows: dead in Ray's node table, or
+        its raylet refusing connections (Ray declares a node dead only after its health checks fail,
+        seconds after the node's processes died, and a run's error can come first)."""
+        import ray
+
+        table = {n["NodeID"]: n for n in ray.nodes()}
+        lost = []
+        for k, node in enumerate(self.nodes):
+            entry = table.get(node.node_id)
+            if entry is None or not entry.get("Alive"):
+                lost.append((k, "Ray marks it dead"))
+            elif not _answers(entry.get("NodeManagerAddress", node.ip), entry.get("NodeManagerPort"), probe_timeout_s):
+                lost.append((k, "its raylet does not answer"))
+        return lost
+
+    def on_node(self, k: int) -> str:
+        """What the plan put on plan node `k`: its trainer ranks and engines."""
+        plan = self.plan
+        ranks = [str(r) for r, b in enumerate(plan.actor_bundles) if plan.slots[b].node == k]
+        engines = [e.name for e in plan.engines if plan.slots[e.bundles[0]].node == k]
+        parts = ([f"trainer rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}"] if ranks else []) + \
+                ([f"engine{'s' if len(engines) > 1 else ''} {', '.join(engines)}"] if engines else [])
+        return " and ".join(parts) or "nothing of the run"
+
     def release(self) -> None:
         """Remove the placement group (idempotent; never raises)."""
         if self.pg is None:
@@ -148,6 +173,28 @@ class ReservedPlacement:
             ray.util.remove_placement_group(pg)
         except Exception:  # noqa: BLE001 - teardown goes on whatever Ray says
             pass
+
+
+def _answers(host: str, port: Any, timeout_s: float) -> bool:
+    """Whether a TCP connection to host:port opens within `timeout_s` (True when no port is known)."""
+    import socket
+
+    if not port:
+        return True
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def node_lost_error(reserved: ReservedPlacement, lost: list[tuple[int, str]], exc: BaseException) -> NodeLostError:
+    """The error that ends a run whose node(s) `lost` left: which node, what ran there, what stopped the run."""
+    gone = "; ".join(f"node {reserved.nodes[k].short} with {reserved.on_node(k)} ({how})" for k, how in lost)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return NodeLostError(f"{gone} left the cluster and the run cannot go on without it (it stopped on: "
+                         f"{type(exc).__name__}: {first}) — restart from the last checkpoint (--load) once the node "
+                         f"is back, or on the nodes left")
 
 
 def reserve(plan: PlacementPlan, *, timeout_s: float = 120.0) -> ReservedPlacement:

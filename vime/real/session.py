@@ -301,6 +301,14 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                               weight_dir=weight_dir, log_dir=log_dir, engine_urls=[s.url for s in specs],
                               router_url=rspec.url, timings=timings, placement=placement, fleet=fleet,
                               launcher=launcher)
+    except Exception as exc:
+        # a node that left explains every error after it (a peer's broken collective, a refused request): say so
+        lost = await asyncio.to_thread(_lost_nodes, reserved)
+        if lost:
+            from vime.real.cluster import node_lost_error
+
+            raise node_lost_error(reserved, lost, exc) from exc
+        raise
     finally:
         await _teardown(router, engines, trainer, fleet, reserved, stop_ray=not ray_was_up)
         launcher.stop_all()
@@ -309,6 +317,16 @@ async def real_session(args: Any) -> AsyncIterator[RealSession]:
                 _log(f"kept {d}")
             else:
                 shutil.rmtree(d, ignore_errors=True)
+
+
+def _lost_nodes(reserved: Any) -> list[tuple[int, str]]:
+    """The reserved plan's nodes that are gone (none when nothing was reserved or Ray cannot tell)."""
+    if reserved is None:
+        return []
+    try:
+        return reserved.lost_nodes()
+    except Exception:  # noqa: BLE001 - the run's own error is what gets reported then
+        return []
 
 
 def _first_version(args: Any) -> int:

@@ -75,20 +75,37 @@ def load_tokenizer(path: str | None) -> Any:
 
 
 _SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
+def _copy_value(v: Any) -> Any:
+    """A copy of `v` as independent as deepcopy's, at C speed for containers of scalars (a label of 19k target
+    ids — the toy task's at Qwen3's vocabulary — took deepcopy 10 ms per sample, seconds per rollout)."""
+    t = type(v)
+    if t in _SCALAR_TYPES:
+        return v
+    if t is list:
+        return list(v) if set(map(type, v)) <= _SCALAR_TYPES else [_copy_value(x) for x in v]
+    if t is tuple:
+        return v if set(map(type, v)) <= _SCALAR_TYPES else tuple(_copy_value(x) for x in v)
+    if t is dict:
+        return {k: _copy_value(x) for k, x in v.items()}
+    return copy.deepcopy(v)
 
 
 def copy_sample(sample: Sample) -> Sample:
-    """An independent copy of a prompt sample (the seed's deepcopy, without deepcopy's cost on token lists)."""
+    """An independent copy of a prompt sample (the seed's deepcopy, without deepcopy's cost on token lists
+    and labels)."""
     return dataclasses.replace(
         sample,
         tokens=list(sample.tokens),
         loss_mask=None if sample.loss_mask is None else list(sample.loss_mask),
         rollout_log_probs=None if sample.rollout_log_probs is None else list(sample.rollout_log_probs),
         weight_versions=list(sample.weight_versions),
-        metadata={k: v if isinstance(v, _SCALARS) else copy.deepcopy(v) for k, v in sample.metadata.items()},
-        prompt=sample.prompt if isinstance(sample.prompt, str) else copy.deepcopy(sample.prompt),
-        label=sample.label if isinstance(sample.label, _SCALARS) else copy.deepcopy(sample.label),
-        reward=copy.deepcopy(sample.reward) if isinstance(sample.reward, dict) else sample.reward,
+        metadata=_copy_value(sample.metadata),
+        prompt=_copy_value(sample.prompt),
+        label=_copy_value(sample.label),
+        reward=_copy_value(sample.reward),
     )
 
 

@@ -61,6 +61,7 @@ class RolloutStats:
     # When the engines answered, on the rollout's clock from its start (virtual in the simulator): the
     # rollout's time beyond the last response is the client's own (rewards, filter, abort).
     first_request_s: float = -1.0  # when the first request went to the router (-1: none yet)
+    last_request_s: float = -1.0  # when the last one went (retries and later turns included)
     first_response_s: float = 0.0
     last_response_s: float = 0.0
     request_time_s: float = 0.0  # summed over answered requests, send to answer
@@ -394,8 +395,10 @@ class Rollout:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         state = self._state
-        if state is not None and state.stats.first_request_s < 0:
-            state.stats.first_request_s = sent - state.t0
+        if state is not None:
+            if state.stats.first_request_s < 0:
+                state.stats.first_request_s = sent - state.t0
+            state.stats.last_request_s = sent - state.t0
         try:
             result = await self.router.generate(request)
         except EngineError as exc:
