@@ -643,13 +643,23 @@ def _tp_of(run: dict) -> int:
     return int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
 
 
-def _fit_tp_host(runs: list[dict], eff: dict, src: dict, where: str, response_per_token_s: float | None = None) -> None:
+def _response_terms(response: tuple[float, float] | None) -> tuple[float, float]:
+    """(per response, per generated token) of the API server's building of responses: `response`, else
+    EngineSettings' (`EngineSettings.response_seconds`)."""
+    if response is not None:
+        return response
+    s = _sim()[0].EngineSettings()
+    return s.response_per_request_s, s.response_per_token_s
+
+
+def _fit_tp_host(runs: list[dict], eff: dict, src: dict, where: str, response: tuple[float, float] | None = None) -> None:
     """host_step_tp_scale from a TP=1 and a TP>1 vLLM run on the same machine (give both to --from-raw):
     the median over the decode runs both measured of per-step time at TP>1 over per-step time at TP=1
-    (on the H200 every one of them was host-bound at TP=1), each less its share of the API server's building
-    of the responses (B · response_per_token_s a step: one process whatever the TP, so not the engine's step)."""
-    if response_per_token_s is None:
-        response_per_token_s = _sim()[0].EngineSettings().response_per_token_s
+    (it takes every TP=1 step as host-bound), each less its
+    share of the API server's building of the responses (B responses over the run's steps: one process
+    whatever the TP, so not the engine's step). A least-squares fit of the TP=2 run on the engine model
+    (2026-12-02, session 9) reached no better than 26 % on its worst run: the TP=2 runs' structure is open."""
+    per_request, per_token = _response_terms(response)
     by_tp: dict[int, list[dict]] = {}
     for r in runs:
         by_tp.setdefault(_tp_of(r), []).append(r)
@@ -657,7 +667,7 @@ def _fit_tp_host(runs: list[dict], eff: dict, src: dict, where: str, response_pe
         raise SystemExit("vLLM runs in --from-raw must be a pair from one machine: one at TP=1 and one at TP>1 "
                          f"(got TP {sorted(by_tp)}); the TP=1 decode fit takes --vllm-raw")
     def step(d: dict) -> float:
-        return d["s_per_step"] - d["batch"] * response_per_token_s
+        return d["s_per_step"] - d["batch"] * (per_request / d["max_tokens"] + per_token)
 
     one = {(d["batch"], d["max_tokens"]): step(d) for r in by_tp[1] for d in r["phases"].get("decode", [])}
     tp = max(by_tp)
@@ -957,16 +967,15 @@ def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
     src["efficiency.train_backward_factor"] = f"fit, minimax over the backwards with the forward's rates, {what}"
 
 
-def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response_per_token_s: float | None = None) -> float:
+def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response: tuple[float, float] | None = None) -> float:
     """B requests of `prompt` tokens generating `new` each in lockstep on the engine model `im`: the
     prompts packed into 8192-token prefill iterations (the first after idle pays host + GPU), then
     `new - 1` decode steps of max(GPU, host) (the prefill samples the first token), then the API server
-    builds the B responses one at a time (`EngineSettings.response_per_token_s` per token; the client's
-    wall ends with the last). Without that term the per-request host cost absorbed it (the two are
+    builds the B responses one at a time (`response` = (per response, per token), else EngineSettings'; the
+    client's wall ends with the last). Without that term the per-request host cost absorbed it (the two are
     collinear in these runs: only the engine's own inter-token latency, /metrics, separates them)."""
     engine, _, _, _ = _sim()
-    if response_per_token_s is None:
-        response_per_token_s = engine.EngineSettings().response_per_token_s
+    per_request, per_token = _response_terms(response)
     t, total, done = 0.0, batch * prompt, 0
     while done < total:
         c = min(8192, total - done)
@@ -975,10 +984,10 @@ def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response_per_toke
         done += c
     c0, m0, m1, f0, f1 = im.decode_lines(batch, batch * (prompt + 1))
     lines = ((c0 + m0, m1), (c0 + f0, f1), (im.host(batch), 0.0))
-    return t + engine.sum_max_of_lines(lines, new - 1) + batch * new * response_per_token_s
+    return t + engine.sum_max_of_lines(lines, new - 1) + batch * (per_request + new * per_token)
 
 
-def _fit_host(prof: dict, vllm_raw: dict, label: str, response_per_token_s: float | None = None) -> None:
+def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, float] | None = None) -> None:
     """iteration_overhead_s, host_step_s, host_step_per_seq_s: least squares of the relative error over the
     vLLM decode runs, each step max(GPU + overhead, host_s + per_seq · requests) (IterationModel), by a
     coarse-to-fine grid (deterministic). Least squares, not minimax: on the H200 runs the minimax is flat
@@ -999,7 +1008,7 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str, response_per_token_s: floa
 
     def errors(o: float, a: float, b: float) -> list[float]:
         im = dataclasses.replace(im0, overhead_s=o, host_s=a, host_per_seq_s=b)
-        return [(vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"], response_per_token_s)
+        return [(vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"], response)
                  - r["wall_s"]) / r["wall_s"] for r in runs]
 
     def sse(o: float, a: float, b: float) -> float:
@@ -1171,8 +1180,6 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
                                                  f"in 1 GiB chunks, {info['host_alloc_bytes'] / GIB:.0f} GiB in "
                                                  f"{info['host_alloc_seconds']:.1f} s (bench/cumem_pause.py), {where}")
     _pool_pinned(raw, vm, src, where)
-    if raw.get("vllm_runs"):
-        _fit_tp_host(raw["vllm_runs"], eff, src, where)
     nccl = raw.get("nccl")
     if nccl and nccl.get("env", {}).get("device") == "cuda" and prof.get("nvlink_bytes_per_s"):
         _fit_collectives(nccl, prof["nvlink_bytes_per_s"], eff, src, where)
@@ -1201,6 +1208,8 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
         _fit_train(prof, mg, where)
     if vllm_raw:
         _fit_host(prof, vllm_raw, vllm_source or "the vLLM bench JSON (scripts/h200/vllm_bench.py --out)")
+    if raw.get("vllm_runs"):
+        _fit_tp_host(raw["vllm_runs"], eff, src, where)
     else:
         for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s"):
             src[f"efficiency.{k}"] = (f"not measured (no vLLM bench JSON given: --vllm-raw); kept from the base preset "

@@ -98,12 +98,13 @@ def prefill_seconds(im: IterationModel, prompt: int, chunk: int = 8192, overhead
     return t if overhead else t - im.overhead_s * math.ceil(prompt / chunk)
 
 
-def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int, response_per_token_s: float = 0.0) -> float:
+def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int, response_per_token_s: float = 0.0,
+                       response_per_request_s: float = 0.0) -> float:
     """B requests of `prompt` tokens each generating `new` tokens in lockstep (prefill then decode), until the last
     response is out.
 
     The prefill iteration samples each request's first token, so `new - 1` decode iterations follow; then the API
-    server builds the B responses one at a time (EngineSettings.response_per_token_s per token).
+    server builds the B responses one at a time (EngineSettings.response_seconds each).
     """
     t = 0.0
     total = batch * prompt
@@ -116,7 +117,7 @@ def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int, re
     for j in range(new - 1):
         ctx = batch * (prompt + j + 1)
         t += im.time(batch, ctx, ctx)
-    return t + batch * new * response_per_token_s
+    return t + batch * (response_per_request_s + new * response_per_token_s)
 
 
 def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
@@ -292,20 +293,21 @@ def vllm_rows(hw: HardwareSpec, im: IterationModel, m4: ModelSpec, runs: list[di
 
     row(group, "lone request, 16 tokens, max_tokens 1",
         per_run(lambda ph: ph["frontend"]["summary"]["gen1_s"]["median"]),
-        im.first_time(16, 0, 16 * 17 / 2, seqs=1) + fe,
-        "request_overhead_s was derived from these (minus the modelled first step)")
+        im.first_time(16, 0, 16 * 17 / 2, seqs=1) + fe + settings.response_seconds(1),
+        "request_overhead_s was derived from these (minus the modelled first step and the response's building)")
     grid = sorted({(r["batch"], r["max_tokens"]) for v in runs for r in v.get("phases", {}).get("decode", [])},
                   key=lambda k: (k[1], k[0]))
     for b, n in grid:
         row(group, f"generate B={b} x {n} tokens",
             per_run(lambda ph, b=b, n=n: next(r["wall_s"] for r in ph["decode"]
                                               if (r["batch"], r["max_tokens"]) == (b, n))),
-            decode_run_seconds(im, b, 128, n, settings.response_per_token_s) + fe)
+            decode_run_seconds(im, b, 128, n, settings.response_per_token_s, settings.response_per_request_s) + fe)
     lens = sorted({r["prompt_len"] for v in runs for r in v.get("phases", {}).get("prefill", [])})
     for n in lens:
         row(group, f"prefill {n} tokens, max_tokens 1",
             per_run(lambda ph, n=n: _median([r["wall_s"] for r in ph["prefill"] if r["prompt_len"] == n])),
-            prefill_seconds(im, n) + fe, "+ the front end (request_overhead_s)")
+            prefill_seconds(im, n) + fe + settings.response_seconds(1),
+            "+ the front end (request_overhead_s) and the one-token response's building")
 
     if not any(v.get("phases", {}).get("sleep_l1") for v in runs):
         return  # no sleep cycles in these runs (--skip-sleep)

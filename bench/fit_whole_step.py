@@ -35,13 +35,20 @@ Each term is structural (one value for every model, batch and run) and fitted on
    samples (gpu_procs.csv, nvidia-smi) of the third 2026-12-02 lease at the GPU's fullest moment, the trainer
    asleep; the trainer's own count of what its allocator holds then (memory/asleep_* in train.jsonl) is taken
    off. Fitted on the Qwen3-4B `all` run; held out: the MoE run and the 4B run with the trainer resident.
-7. The API server's response cost (EngineSettings.response_per_token_s) and vLLM's step refitted beside it
-   (efficiency.iteration_overhead_s, host_step_s, host_step_per_seq_s): vLLM builds each finished response in its one
-   API-server process, one at a time, so 256 responses finished together reach the client over seconds. Closed form on
-   the client's first-to-last response spread of the fourth lease's Qwen3-4B run; then the step's three terms by
-   bench/calibrate.py's least squares over the vLLM-alone decode runs with that cost in them (the two are collinear
-   there: before, the per-request step cost had absorbed it). Held out: vLLM's own inter-token latency (/metrics) in
-   the three runs of that lease, the 0.6B and MoE runs' spreads, and every whole step's rollout.
+7. The API server's building of the responses (EngineSettings.response_per_request_s + response_per_token_s per token),
+   vLLM's step refitted beside it (efficiency.iteration_overhead_s, host_step_s, host_step_per_seq_s) and the front
+   end's fixed latency (EngineSettings.request_overhead_s): vLLM builds each finished response in its one API-server
+   process, one at a time, so 256 responses finished together reach the client over seconds. Closed form on the
+   client's first-to-last response spreads of the fourth lease's Qwen3-4B run (1024 tokens) and MoE micro-batch-2 run
+   (512 tokens); then the step's three terms by bench/calibrate.py's least squares over the vLLM-alone decode runs with
+   that cost in them (the two are collinear there); then request_overhead_s from the lone request of the vLLM-alone
+   runs less its modelled first step and response. Held out: the 0.6B and MoE micro-batch-4 spreads, vLLM's own
+   decode steps in the whole steps (section 8), every whole step's rollout. (Fitting the host terms on the vLLM-alone
+   runs and the whole steps' decode steps together was tried: it drove the CPU step's fixed part to 0.7 ms, which
+   nothing at small batches bounds and the 1×L20 published step contradicts; not kept.)
+8. A check, not a fit: vLLM's decode step at 256 requests against the requests' mean context, per 0.25 s /metrics
+   interval of every rollout of the fourth lease (inter-token latency from the histogram), beside the IterationModel:
+   where the step grows with context the GPU bounds it, and the slope is the attention's KV read rate.
 4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
    micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
    Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
@@ -58,6 +65,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -273,8 +281,10 @@ def process_terms(profile: dict) -> tuple[dict[str, int], list[str]]:
     return fitted, lines
 
 
-#: The whole step whose response spread fits EngineSettings.response_per_token_s (vLLM's /metrics sampled beside it).
+#: The whole step whose response spread fitted EngineSettings.response_per_token_s alone until 2026-12-02 (session 9).
 FRONTEND_RUN = "qwen3-4b-cumem-1g_mbs2_2026-12-02s8"
+#: The whole steps whose spreads fit the response's building, per response and per token: 1024- and 512-token responses.
+FRONTEND_RUNS = (FRONTEND_RUN, "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 #: The runs with vLLM's /metrics (the fourth lease), FRONTEND_RUN first.
 METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 
@@ -282,14 +292,6 @@ METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b
 def _later_steps(run: str) -> list[dict]:
     steps = [json.loads(x) for x in (RUNS / run / "train.jsonl").read_text().splitlines() if '"step"' in x]
     return [s["metrics"] for s in steps if s["rollout_id"] >= 1]
-
-
-def response_spread_per_token(metrics: dict) -> float:
-    """Seconds per token between the client's first and last response of a rollout whose responses all have
-    the same length (run.sh's fixed lengths): (last − first) / ((responses − 1) · length)."""
-    n, length = metrics["rollout/generated_samples"], metrics["rollout/response_len/mean"]
-    spread = metrics["perf/rollout_last_response_time"] - metrics["perf/rollout_first_response_time"]
-    return spread / ((n - 1) * length)
 
 
 def engine_itl(run: str) -> list[float]:
@@ -311,40 +313,69 @@ def engine_itl(run: str) -> list[float]:
             for a, b in wins[1:]]
 
 
+def response_spread_per_response(metrics: dict) -> float:
+    """Seconds per response between the client's first and last response of a rollout whose responses all have
+    the same length and finished together (run.sh's fixed lengths): (last − first) / (responses − 1)."""
+    spread = metrics["perf/rollout_last_response_time"] - metrics["perf/rollout_first_response_time"]
+    return spread / (metrics["rollout/generated_samples"] - 1)
+
+
+def lone_request_s() -> float:
+    """The lone 16-token, one-token generate of the one-GPU vLLM-alone runs that have the phase `frontend`
+    (bench/compare_calibration.py's row), the median of their medians."""
+    runs = [json.loads((DATA / f).read_text()) for f in ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json",
+                                                        "h200_vllm_0.25.1_b1.json", "h200_vllm_0.25.1_b2.json")]
+    return statistics.median(r["phases"]["frontend"]["summary"]["gen1_s"]["median"] for r in runs if "frontend" in r["phases"])
+
+
 def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
-    """response_per_token_s on FRONTEND_RUN, vLLM's step terms refitted with it, and the held-out checks."""
+    """The API server's building of a response (per response and per token) from the spreads of FRONTEND_RUNS,
+    vLLM's step terms refitted with it, the front end's fixed latency from the lone request, the held-out checks."""
     import calibrate  # bench/calibrate.py: the vLLM-alone decode fit
 
     from vime.sim.engine import EngineSettings, IterationModel
     from vime.sim.hardware import HardwareSpec
 
-    per_token = statistics.fmean(response_spread_per_token(m) for m in _later_steps(FRONTEND_RUN))
+    # one response of L tokens takes c + L·d: two lengths, two equations
+    (l1, y1), (l2, y2) = [(_later_steps(r)[0]["rollout/response_len/mean"],
+                           statistics.fmean(response_spread_per_response(m) for m in _later_steps(r)))
+                          for r in FRONTEND_RUNS]
+    per_token = (y1 - y2) / (l1 - l2)
+    per_request = float(f"{y1 - l1 * per_token:.3g}")
     per_token = float(f"{per_token:.3g}")
+    import seed_model
+
+    from vime.sim.models import load_model
+
+    def model_of(name: str) -> Any:
+        with tempfile.TemporaryDirectory() as d:
+            seed_model.write_body_config(Path(d), name)
+            return load_model(str(Path(d) / "config.json"))
+
+    settings = EngineSettings(response_per_request_s=per_request, response_per_token_s=per_token)
     prof = json.loads(json.dumps(profile))
-    calibrate._fit_host(prof, json.loads((DATA / VLLM_RUNS[0]).read_text()), "x", per_token)
+    calibrate._fit_host(prof, json.loads((DATA / VLLM_RUNS[0]).read_text()), "x", (per_request, per_token))
     eff = prof["efficiency"]
-    fitted = {"EngineSettings.response_per_token_s": per_token}
+    fitted = {"EngineSettings.response_per_request_s": per_request, "EngineSettings.response_per_token_s": per_token}
     fitted.update({f"efficiency.{k}": float(f"{eff[k]:.3g}")
                    for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s")})
-    lines = []
     hw = HardwareSpec.from_dict(with_values(profile, {k: v for k, v in fitted.items() if k.startswith("eff")}))
-    for run in METRICS_RUNS:
-        model = RUN_SPECS[run][0]
-        spreads = [1e6 * response_spread_per_token(m) for m in _later_steps(run)]
-        with tempfile.TemporaryDirectory() as d:
-            import seed_model
 
-            seed_model.write_body_config(Path(d), model)
-            from vime.sim.models import load_model
-
-            im = IterationModel.build(hw, load_model(str(Path(d) / "config.json")), EngineSettings())
+    # the lone request: the engine's first step, the fixed latency, the one-token response's building
+    im4 = IterationModel.build(hw, model_of("qwen3-4b"), settings)
+    overhead = lone_request_s() - im4.first_time(16, 0, 16 * 17 / 2, 1) - settings.response_seconds(1)
+    fitted["EngineSettings.request_overhead_s"] = float(f"{overhead:.3g}")
+    lines = []
+    for run in (*METRICS_RUNS, "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8"):
         length = _later_steps(run)[0]["rollout/response_len/mean"]
+        spreads = [1e3 * response_spread_per_response(m) for m in _later_steps(run)]
+        im = IterationModel.build(hw, model_of(RUN_SPECS[run][0]), settings)
         ctx = 256 * (128 + length / 2)  # mid-rollout: every request half way through its response
-        modelled = im.time(256, ctx, ctx)
         itl = engine_itl(run)
-        lines.append(f"{run:50s} spread {', '.join(f'{x:.1f}' for x in spreads)} us/token (model {1e6 * per_token:.1f})"
-                     f"; vLLM's inter-token latency {', '.join(f'{1e3 * x:.2f}' for x in itl)} ms, modelled step at "
-                     f"256 requests {1e3 * modelled:.2f} ms" + ("  [fitted: spread]" if run == FRONTEND_RUN else "  [held out]"))
+        lines.append(f"{run:50s} spread {', '.join(f'{x:.2f}' for x in spreads)} ms per {length:.0f}-token response "
+                     f"(model {1e3 * settings.response_seconds(int(length)):.2f}); vLLM's inter-token latency "
+                     f"{', '.join(f'{1e3 * x:.2f}' for x in itl)} ms, modelled step at 256 requests "
+                     f"{1e3 * im.time(256, ctx, ctx):.2f} ms" + ("  [fitted: spread]" if run in FRONTEND_RUNS else "  [held out]"))
     return fitted, lines
 
 
@@ -402,6 +433,85 @@ def implied_floor(profile: dict, fitted: dict[str, float], work: Path) -> tuple[
     return solve(train, measured(run, "perf/train_phase_time"), 1e-5, 1e-1, increasing=True), fwd
 
 
+def step_vs_context(run: str, batch: int = 256, min_tokens: int = 3) -> list[tuple[float, float, float]]:
+    """vLLM's step while `batch` requests decode, against their mean context: (context, mean inter-token latency,
+    tokens) per /metrics interval (0.25 s) of every rollout, the latency from the histogram's sum and count differences."""
+    rows = [json.loads(x) for x in (RUNS / run / "vllm_metrics.jsonl").read_text().splitlines()]
+    prompt = 128  # run.sh's toy prompts
+    out, g0 = [], None
+    for a, b in zip(rows, rows[1:], strict=False):
+        if a["m"].get("vllm:num_requests_running", 0) == 0:
+            g0 = b["m"]["vllm:generation_tokens_total"]  # a rollout starts after an idle sample
+            continue
+        if g0 is None or min(a["m"]["vllm:num_requests_running"], b["m"]["vllm:num_requests_running"]) < batch:
+            continue
+        count = b["m"]["vllm:inter_token_latency_seconds_count"] - a["m"]["vllm:inter_token_latency_seconds_count"]
+        total = b["m"]["vllm:inter_token_latency_seconds_sum"] - a["m"]["vllm:inter_token_latency_seconds_sum"]
+        if count < batch * min_tokens:
+            continue
+        gen = (a["m"]["vllm:generation_tokens_total"] + b["m"]["vllm:generation_tokens_total"]) / 2 - g0
+        out.append((prompt + gen / batch, total / count, count))
+    return out
+
+
+def step_quarters(run: str) -> list[tuple[float, float]]:
+    """`step_vs_context` of `run` grouped by rollout and quarter of its response length: (mean context, mean step)."""
+    length = _later_steps(run)[0]["rollout/response_len/mean"]
+    groups: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+    k, last = 0, None
+    for p in step_vs_context(run):
+        if last is not None and p[0] < last:
+            k += 1  # the context fell: the next rollout
+        last = p[0]
+        groups.setdefault((k, min(3, int(4 * (p[0] - 128) / length))), []).append(p)
+    out = []
+    for _, pts in sorted(groups.items()):
+        w = sum(p[2] for p in pts)
+        out.append((sum(p[0] * p[2] for p in pts) / w, sum(p[1] * p[2] for p in pts) / w))
+    return out
+
+
+def _line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Weighted least-squares (intercept, slope) of y on x over (x, y, weight)."""
+    w = sum(p[2] for p in points)
+    mx = sum(p[0] * p[2] for p in points) / w
+    my = sum(p[1] * p[2] for p in points) / w
+    sxx = sum(p[2] * (p[0] - mx) ** 2 for p in points)
+    slope = sum(p[2] * (p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def step_terms(profile: dict) -> list[str]:
+    """vLLM's decode step against context at 256 requests (/metrics) beside the simulator's IterationModel: a check."""
+    import seed_model
+
+    from vime.sim.engine import EngineSettings, IterationModel
+    from vime.sim.hardware import HardwareSpec
+    from vime.sim.models import load_model
+
+    hw = HardwareSpec.from_dict(profile)
+    lines = []
+    for run in (*METRICS_RUNS, "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8"):
+        pts = step_vs_context(run)
+        with tempfile.TemporaryDirectory() as d:
+            seed_model.write_body_config(Path(d), RUN_SPECS[run][0])
+            model = load_model(str(Path(d) / "config.json"))
+        im = IterationModel.build(hw, model, EngineSettings())
+        modelled = [(c, im.time(256, 256 * c, 256 * c), n) for c, _, n in pts]
+        a, b = _line(pts)
+        ma, mb = _line(modelled)
+        mean = sum(y * n for _, y, n in pts) / sum(n for *_, n in pts)
+        mmean = sum(y * n for _, y, n in modelled) / sum(n for *_, n in modelled)
+        # a step that barely grows over the context range (host-bound) has no KV rate to show
+        rise = b * (max(p[0] for p in pts) - min(p[0] for p in pts)) / mean if pts else 0.0
+        rate = f"KV read {256 * model.kv_bytes_per_token() / b / 1e12:.2f} TB/s" if rise > 0.2 else "flat: no KV rate"
+        lines.append(f"{run:50s} {len(pts):3d} intervals, context {min(p[0] for p in pts):.0f}..{max(p[0] for p in pts):.0f}: "
+                     f"measured {1e3 * a:.2f} ms + {1e6 * b:.2f} us/token of context ({rate}), mean "
+                     f"{1e3 * mean:.2f} ms; modelled {1e3 * ma:.2f} ms + {1e6 * mb:.2f} us, mean {1e3 * mmean:.2f} ms "
+                     f"({100 * (mmean - mean) / mean:+.1f} %); host floor {1e3 * im.host(256):.2f} ms")
+    return lines
+
+
 def held_out(profile: dict, work: Path) -> list[str]:
     """Measured vs simulated (committed profile) for every 2026-12-02 run and the phases the fits touch."""
     keys = ("perf/onload_weights_time", "perf/onload_kv_time", "perf/update_weights_export_time",
@@ -449,9 +559,13 @@ def main(argv: list[str] | None = None) -> int:
                 [f"{k} = {v} ({v / GIB:.3f} GiB)" for k, v in procs.items()] + proc_lines)
         fitted.update(procs)
         front, front_lines = frontend_terms(profile)
-        section("7. The API server's response cost and vLLM's step beside it (the fourth lease's /metrics):",
+        section("7. The API server's building of a response (per response, per token), vLLM's step refitted beside it, the "
+                "front end's fixed latency (the fourth lease's spreads):",
                 [f"{k} = {v}" for k, v in front.items()] + front_lines)
-        wake["response_per_token_s"] = front.pop("EngineSettings.response_per_token_s")
+        for k in ("response_per_request_s", "response_per_token_s", "request_overhead_s"):
+            wake[k] = front.pop(f"EngineSettings.{k}")
+        section("8. A check, not a fit: vLLM's decode step at 256 requests against their context (/metrics, every "
+                "rollout) beside the IterationModel of the committed profile:", step_terms(profile))
         fitted.update(front)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
         settings = EngineSettings()

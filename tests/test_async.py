@@ -200,7 +200,8 @@ def test_every_sample_taken_is_trained_dropped_or_handed_back(mode: str):
 
 
 def test_fully_async_regenerates_stale_groups_and_loses_none():
-    args = async_args("fully-async", num_rollout=6)
+    """A long-tailed response length: the longest groups finish after more updates than --max-staleness allows."""
+    args = async_args("fully-async", num_rollout=6, response_length="lognormal:4.5,2.0")
     report, _, batches, counts = run_logged(args)
     stale = sum(s.stale_groups for s in report.steps)
     assert stale > 0  # groups that finished late were handed back rather than trained too stale

@@ -48,13 +48,15 @@ TOLERANCE = {
     "efficiency.export_call_s": 1e-12, "efficiency.export_per_tensor_s": 1e-12,
     "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
     "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
-    "efficiency.host_step_s": 0.05, "efficiency.host_step_per_seq_s": 0.05,
     "vmm.create_map_s_per_gib": 1e-12, "vmm.unmap_release_s_per_gib": 1e-12, "vmm.pinned_alloc_s_per_gib": 1e-12,
     "vmm.pinned_free_s_per_gib": 0.001,
 }
-#: iteration_overhead_s: see above; train_host_s_per_expert: fitted on a MoE whole RL step, not on calibrate.py's inputs
+#: iteration_overhead_s: see above; train_host_s_per_expert: fitted on a MoE whole RL step, not on calibrate.py's inputs;
+#: host_step_s and host_step_per_seq_s: fitted by bench/fit_whole_step.py on calibrate.py's vLLM runs together with
+#: vLLM's own decode steps in whole RL steps (/metrics), which calibrate.py does not read (its fit of the vLLM runs
+#: alone is judged by test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset)
 NOT_COMPARED = {"efficiency.iteration_overhead_s", "efficiency.train_host_s_per_expert",
-                "efficiency.train_expert_gemm_efficiency"}
+                "efficiency.train_expert_gemm_efficiency", "efficiency.host_step_s", "efficiency.host_step_per_seq_s"}
 
 
 def _calibrate() -> Any:
@@ -149,10 +151,10 @@ def _decode_errors(hw: HardwareSpec) -> list[float]:
 def test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset(rebuilt: Path):
     ours, theirs = _decode_errors(load_hardware(str(rebuilt))), _decode_errors(PRESET)
     assert len(ours) == 7
-    # least squares: no worse in squares than the hand-picked values, the worst run within half a
-    # point of theirs (6.2 vs 6.1 %) and inside the issue's 10 % goal
+    # least squares over these runs alone: no worse in squares than the committed values (fitted with vLLM's own
+    # steps in whole RL steps beside them, bench/fit_whole_step.py), and both inside the issue's 10 % goal
     assert sum(e * e for e in ours) <= sum(e * e for e in theirs)
-    assert max(map(abs, ours)) <= max(map(abs, theirs)) + 0.005 and max(map(abs, ours)) < 0.10, (ours, theirs)
+    assert max(map(abs, ours)) < 0.10 and max(map(abs, theirs)) < 0.10, (ours, theirs)
 
 
 def _compare() -> Any:
@@ -168,7 +170,7 @@ def test_engine_decode_helper_matches_compare_calibration():
     im = cmp_mod._iter_model(PRESET, load_model("Qwen3-4B"))
     for r in VLLM["phases"]["decode"]:
         loop = cmp_mod.decode_run_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"],
-                                          EngineSettings().response_per_token_s)
+                                          EngineSettings().response_per_token_s, EngineSettings().response_per_request_s)
         assert CAL.vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"]) == pytest.approx(loop, rel=1e-9)
 
 
@@ -232,7 +234,11 @@ def test_rebuilt_profile_scores_the_comparison_table_like_the_preset(rebuilt: Pa
     many within 10 % as the hand-fitted preset, none of the preset's rows within 10 % leaves the band, and
     no row's error grows by more than 2 points (the host-step refit moves the vLLM runs by up to 1.2)."""
     cmp_mod = _compare()
-    ours = [r for r in cmp_mod.rows_for(load_hardware(str(rebuilt)), RAW, VLLM) if r["group"] != "hardware"]
+    # the host step's terms are the committed ones (see NOT_COMPARED): the rest is what calibrate.py rebuilds
+    data = json.loads(rebuilt.read_text())
+    for k in ("host_step_s", "host_step_per_seq_s", "iteration_overhead_s"):
+        data["efficiency"][k] = PRESET_JSON["efficiency"][k]
+    ours = [r for r in cmp_mod.rows_for(HardwareSpec.from_dict(data), RAW, VLLM) if r["group"] != "hardware"]
     theirs = [r for r in cmp_mod.rows_for(PRESET, RAW, VLLM) if r["group"] != "hardware"]
     assert [r["quantity"] for r in ours] == [r["quantity"] for r in theirs]
 
@@ -276,10 +282,13 @@ def test_tp_host_scale_needs_a_tp_pair(tmp_path: Path):
     tp2 = json.loads((DATA / "h200x2_vllm_0.25.1_tp2.json").read_text())
     spec = HardwareSpec.from_dict(CAL.build_profile(CAL.merge_raw([RAW, tp1, tp2]), VLLM, base=BASE))
     # each step less its share of the API server's response building, which is one process whatever the TP
-    per_token = EngineSettings().response_per_token_s
-    steps = {(d["batch"], d["max_tokens"]): d["s_per_step"] - d["batch"] * per_token for d in tp1["phases"]["decode"]}
-    ratios = sorted((d["s_per_step"] - d["batch"] * per_token) / steps[(d["batch"], d["max_tokens"])]
-                    for d in tp2["phases"]["decode"])
+    s = EngineSettings()
+
+    def step(d: dict) -> float:
+        return d["s_per_step"] - d["batch"] * s.response_seconds(d["max_tokens"]) / d["max_tokens"]
+
+    steps = {(d["batch"], d["max_tokens"]): step(d) for d in tp1["phases"]["decode"]}
+    ratios = sorted(step(d) / steps[(d["batch"], d["max_tokens"])] for d in tp2["phases"]["decode"])
     assert spec.efficiency.host_step_tp_scale == pytest.approx(ratios[len(ratios) // 2])
     assert all(r < 1 for r in ratios)  # every decode run stepped faster at TP=2 on the same machine
     # the engine applies it only past TP=1

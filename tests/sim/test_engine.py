@@ -259,7 +259,7 @@ def test_closed_form_matches_per_iteration_reference(n: int, seed: int, kv_block
     tokens = {f"r{i}": r.completion_tokens for i, r in enumerate(results)}
     out, free = {}, 0.0
     for rid, t in ref.items():  # insertion order: finish order
-        free = max(t, free) + e.settings.response_per_token_s * tokens[rid]
+        free = max(t, free) + e.settings.response_seconds(tokens[rid])
         out[rid] = free
     assert e.settings.response_per_token_s > 0
     for i in range(n):

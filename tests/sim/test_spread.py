@@ -148,13 +148,14 @@ def test_band_follows_the_profile_file(tmp_path):
     """The band is the profile's recorded spread, not a constant: a profile with a wider rollout spread widens it."""
     data = json.loads(PROFILE.read_text())
     data["name"] = "H200-wider"
-    data["spread"]["engine_generate"] = {**data["spread"]["engine_generate"], "low": 0.5, "high": 2.0}
+    # wider than every quantity the rollout's band rests on (engine_generate, whole_step_rollout)
+    data["spread"]["engine_generate"] = {**data["spread"]["engine_generate"], "low": 0.3, "high": 3.0}
     path = tmp_path / "wider.json"
     path.write_text(json.dumps(data))
     doc = build_document(simulate(parse_args(["--hardware", str(path)], command="simulate")), deterministic=True)
     band = doc["uncertainty"]["phases"]["rollout"]
-    assert (band["low_factor"], band["high_factor"]) == (0.5, 2.0)
-    assert band["high_s"] == pytest.approx(2.0 * doc["summary"]["phases"]["rollout"]["seconds"], abs=1e-4)
+    assert (band["low_factor"], band["high_factor"]) == (0.3, 3.0)
+    assert band["high_s"] == pytest.approx(3.0 * doc["summary"]["phases"]["rollout"]["seconds"], abs=1e-4)
 
 
 def test_profile_round_trips_its_spread():

