@@ -27,56 +27,39 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "real")]
 TOKENS = 1024
 
-STUB = r'''
-import asyncio, json, sys, time
-sys.path.insert(0, sys.argv[3])
-from fake_vllm import generate_response
-expect, stamps_path, tokens = int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
-body = json.dumps(generate_response(list(range(100, 100 + tokens)), version="1")).encode()
-head = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
-arrivals = []
-all_in = [asyncio.Event()]  # one per round: a round's answers wait for its last request
 
-async def serve(reader, writer):
-    try:
-        while True:
-            header = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in header.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            await reader.readexactly(length)
-            if b"/generate" not in header.split(b"\r\n", 1)[0]:
-                writer.write(ok)
-                await writer.drain()
-                continue
-            arrivals.append(time.time())
-            mine = all_in[-1]
-            if len(arrivals) == expect:
-                with open(stamps_path, "w") as f:
-                    json.dump(arrivals, f)
-                arrivals.clear()
-                all_in.append(asyncio.Event())
-                mine.set()
-            await mine.wait()
-            writer.write(head + body)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
+def _stub(expect: int, stamps: Path) -> None:
+    """The stub server's process: stamps each generate's arrival, answers a round's generates once all `expect`
+    of them are in (the engine finishes them together), every other call at once; prints its port."""
+    from fake_vllm import generate_response
+    from http_stub import serve_fixed
 
-async def main():
-    server = await asyncio.start_server(serve, "127.0.0.1", 0, backlog=4096)
-    print(server.sockets[0].getsockname()[1], flush=True)
-    while True:
-        await asyncio.sleep(3600)
+    body = json.dumps(generate_response(list(range(100, 100 + TOKENS)), version="1")).encode()
+    arrivals: list[float] = []
+    rounds = [asyncio.Event()]  # a round's answers wait for its last request
 
-asyncio.run(main())
-'''
+    async def hold(request_line: bytes) -> bool:
+        if b"/generate" not in request_line:
+            return False
+        arrivals.append(time.time())
+        mine = rounds[-1]
+        if len(arrivals) == expect:
+            stamps.write_text(json.dumps(arrivals))
+            arrivals.clear()
+            rounds.append(asyncio.Event())
+            mine.set()
+        await mine.wait()
+        return True
+
+    async def main() -> None:
+        _, port = await serve_fixed(body, hold=hold, backlog=4096)
+        print(port, flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
 
 
 def _args(prompts: Path):
@@ -119,6 +102,10 @@ async def _rounds(url: str, router_url: str | None, prompts: Path, stamps: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--stub"]:  # the server's own process
+        _stub(int(argv[1]), Path(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-router", action="store_true", help="the client straight to the stub")
@@ -131,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="vime-ramp-"))
     prompts = write_prompts(work / "toy.jsonl", ToyTask(vocab_size=151936, num_prompts=256, prompt_len=128, seed=1))
     stamps = work / "arrivals.json"
-    stub = subprocess.Popen([sys.executable, "-c", STUB, "256", str(stamps), str(ROOT / "tests" / "real"),
-                             str(TOKENS)],
-                            stdout=subprocess.PIPE, text=True)
+    stub = subprocess.Popen([sys.executable, __file__, "--stub", "256", str(stamps)], stdout=subprocess.PIPE, text=True)
     try:
         assert stub.stdout is not None
         url = f"http://127.0.0.1:{stub.stdout.readline().strip()}"

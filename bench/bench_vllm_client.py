@@ -21,6 +21,7 @@ from vime.real.vllm.response import decode_generate, parse_generate_response
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "real"))
 from fake_vllm import generate_response  # noqa: E402
+from http_stub import serve_fixed  # noqa: E402
 
 TOKENS = 1024
 BODY = json.dumps(generate_response(list(range(100, 100 + TOKENS)), version="1")).encode()
@@ -68,27 +69,7 @@ def test_generate_overhead_mock_transport(benchmark):
 
 
 async def _stub_server() -> tuple[asyncio.base_events.Server, int]:
-    head = (f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
-            .encode())
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                header = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in header.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":")[1])
-                await reader.readexactly(length)
-                writer.write(head + BODY)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
+    return await serve_fixed(BODY)
 
 
 def _run_against_stub(concurrency: int, total: int) -> None:
