@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from vime.sim.engine import EngineSettings, IterationModel
 from vime.sim.hardware import HardwareSpec, load_hardware
 from vime.sim.hardware_parts import DiskCosts, Efficiency, Software, VmmCosts
 from vime.sim.models import load_model
+from vime.testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
@@ -60,12 +59,7 @@ NOT_COMPARED = {"efficiency.iteration_overhead_s", "efficiency.train_host_s_per_
 
 
 def _calibrate() -> Any:
-    spec = importlib.util.spec_from_file_location("vime_bench_calibrate", ROOT / "bench" / "calibrate.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("vime_bench_calibrate", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "calibrate.py", "vime_bench_calibrate", register=True)
 
 
 CAL = _calibrate()
@@ -158,11 +152,7 @@ def test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset(rebuilt: Pat
 
 
 def _compare() -> Any:
-    spec = importlib.util.spec_from_file_location("vime_bench_compare", ROOT / "bench" / "compare_calibration.py")
-    assert spec is not None and spec.loader is not None
-    cmp_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cmp_mod)
-    return cmp_mod
+    return load_script(ROOT / "bench" / "compare_calibration.py", "vime_bench_compare")
 
 
 def test_engine_decode_helper_matches_compare_calibration():

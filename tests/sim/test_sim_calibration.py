@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import random
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +43,7 @@ from vime.sim.trainer import (
     software_terms,
     streaming_bytes_per_s,
 )
+from vime.testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data"
@@ -59,12 +58,7 @@ MEGATRON = next(r["result"] for r in CAL["megatron"]["runs"]
 
 
 def _compare_module() -> Any:
-    spec = importlib.util.spec_from_file_location("compare_calibration", ROOT / "bench" / "compare_calibration.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("compare_calibration", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "compare_calibration.py", "compare_calibration", register=True)
 
 
 def _err(pred: float, measured: float) -> float:
@@ -128,11 +122,7 @@ def _im(hw: HardwareSpec = MEASURED) -> IterationModel:
 
 
 def _fit_whole_step() -> Any:
-    spec = importlib.util.spec_from_file_location("vime_bench_fit_whole_step", ROOT / "bench" / "fit_whole_step.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "fit_whole_step.py", "vime_bench_fit_whole_step")
 
 
 def test_large_decode_batches_are_host_bound_at_short_contexts_small_ones_gpu_bound():

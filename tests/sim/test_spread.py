@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from vime.runs.document import build_document
 from vime.runs.sim import simulate
 from vime.sim.hardware import HardwareSpec, load_hardware
 from vime.sim.spread import PHASE_QUANTITIES, QuantitySpread, parse_spread, uncertainty
+from vime.testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"
@@ -27,11 +27,7 @@ PROFILE = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json
 
 def _bench_spread() -> Any:
     sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("vime_bench_spread", ROOT / "bench" / "spread.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "bench" / "spread.py", "vime_bench_spread")
 
 
 @pytest.fixture(scope="module")
