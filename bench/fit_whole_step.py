@@ -320,6 +320,17 @@ def response_spread_per_response(metrics: dict) -> float:
     return spread / (metrics["rollout/generated_samples"] - 1)
 
 
+def model_of(name: str) -> Any:
+    """The simulator's model of a run.sh preset (`seed_model.py`'s config.json of it)."""
+    import seed_model
+
+    from vime.sim.models import load_model
+
+    with tempfile.TemporaryDirectory() as d:
+        seed_model.write_body_config(Path(d), name)
+        return load_model(str(Path(d) / "config.json"))
+
+
 def lone_request_s() -> float:
     """The lone 16-token, one-token generate of the one-GPU vLLM-alone runs that have the phase `frontend`
     (bench/compare_calibration.py's row), the median of their medians."""
@@ -343,15 +354,6 @@ def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     per_token = (y1 - y2) / (l1 - l2)
     per_request = float(f"{y1 - l1 * per_token:.3g}")
     per_token = float(f"{per_token:.3g}")
-    import seed_model
-
-    from vime.sim.models import load_model
-
-    def model_of(name: str) -> Any:
-        with tempfile.TemporaryDirectory() as d:
-            seed_model.write_body_config(Path(d), name)
-            return load_model(str(Path(d) / "config.json"))
-
     settings = EngineSettings(response_per_request_s=per_request, response_per_token_s=per_token)
     prof = json.loads(json.dumps(profile))
     calibrate._fit_host(prof, json.loads((DATA / VLLM_RUNS[0]).read_text()), "x", (per_request, per_token))
@@ -483,19 +485,14 @@ def _line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
 
 def step_terms(profile: dict) -> list[str]:
     """vLLM's decode step against context at 256 requests (/metrics) beside the simulator's IterationModel: a check."""
-    import seed_model
-
     from vime.sim.engine import EngineSettings, IterationModel
     from vime.sim.hardware import HardwareSpec
-    from vime.sim.models import load_model
 
     hw = HardwareSpec.from_dict(profile)
     lines = []
     for run in (*METRICS_RUNS, "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8"):
         pts = step_vs_context(run)
-        with tempfile.TemporaryDirectory() as d:
-            seed_model.write_body_config(Path(d), RUN_SPECS[run][0])
-            model = load_model(str(Path(d) / "config.json"))
+        model = model_of(RUN_SPECS[run][0])
         im = IterationModel.build(hw, model, EngineSettings())
         modelled = [(c, im.time(256, 256 * c, 256 * c), n) for c, _, n in pts]
         a, b = _line(pts)
