@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Split a folder into <= 50 MiB parts with a checksum list, and join them back (issues 9, 20).
+# Split a folder into <= 42 MiB parts (a call carries 64 MiB, the working tree ~13 of it) with a checksum list, and join them back (issues 9, 20).
 # One device call carries at most 64 MiB, so what must travel goes as parts, one or two per call.
 #   bash scripts/h200_train/parts.sh pack   SRC_DIR PARTS_DIR PREFIX [BYTES]   tar of SRC_DIR's contents -> PREFIX-aa, -ab ...
 #   bash scripts/h200_train/parts.sh verify PARTS_DIR PREFIX                   every listed part present, sums right
@@ -10,7 +10,7 @@ cmd=${1:?usage: parts.sh pack|verify|unpack ...}
 shift
 case "$cmd" in
   pack)
-    src=${1:?SRC_DIR}; dir=${2:?PARTS_DIR}; prefix=${3:?PREFIX}; bytes=${4:-52428800}
+    src=${1:?SRC_DIR}; dir=${2:?PARTS_DIR}; prefix=${3:?PREFIX}; bytes=${4:-44040192}
     mkdir -p "$dir"
     rm -f "$dir/$prefix"-?? "$dir/$prefix.sha256"
     tar cf - -C "$src" . | split -b "$bytes" - "$dir/$prefix-"
