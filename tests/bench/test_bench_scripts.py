@@ -24,3 +24,21 @@ def test_sim_scale_smoke_case_runs(extra: list[str]) -> None:
     else:
         assert row["engines"] == 512 and row["kept_results"] == 0
 
+
+
+def test_host_probe_writes_its_timings(tmp_path: Path) -> None:
+    out = tmp_path / "host.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench/host_probe.py"), "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(out.read_text())
+    assert probe == json.loads(done.stdout)
+    assert probe["cpus"] >= 1 and probe["cpu_model"]
+    for key in ("python_loop_s", "json_dumps_s", "torch_dispatch_s"):
+        assert 0 < probe[key] < 60, key
+
+
+def test_host_probe_refuses_an_unwritable_out(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench/host_probe.py"), "--out", str(tmp_path / "no" / "h.json")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "does not exist" in done.stderr
