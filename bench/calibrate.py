@@ -801,6 +801,11 @@ def _megatron_software(res: dict, env: dict) -> tuple[dict, dict]:
         sw["train_elementwise"] = "unfused"
         notes["software.train_elementwise"] = ("local spec: bench/megatron_step.py sets apply_rope_fusion=False and "
                                                "runs SwiGLU unfused (bias_activation_fusion off, no TE)")
+    # bench/megatron_step.py trains on GPTModel's own loss (labels in, Megatron's vocab-parallel cross-entropy)
+    sw["train_loss"] = "megatron"
+    notes["software.train_loss"] = ("megatron: bench/megatron_step.py's loss is GPTModel's own vocab-parallel "
+                                    "cross-entropy; vime's policy loss moves more over the vocabulary (the transposed "
+                                    "logits, the entropy), which the simulated actor adds")
     opt = res.get("torch_optimizer")
     if opt:
         fused = "fused" in opt.lower() or opt.startswith(("FusedAdam", "TE"))
@@ -1535,7 +1540,7 @@ def build_cpu_profile(raw: dict, *, name: str, raw_source: str = "") -> dict:
         "vmm": {"create_map_s_per_gib": 0.0, "unmap_release_s_per_gib": 0.0, "pinned_alloc_s_per_gib": 0.0,
                 "pinned_free_s_per_gib": 0.0},
         "software": {"train_attention": "unfused", "train_optimizer": "torch",
-                     "train_norm": "torch", "train_elementwise": "unfused"},
+                     "train_norm": "torch", "train_elementwise": "unfused", "train_loss": "vime"},
         "engine": {}, "disk": {}, "sources": {},
     }
     src = prof["sources"]
@@ -1569,6 +1574,7 @@ def build_cpu_profile(raw: dict, *, name: str, raw_source: str = "") -> dict:
         "software.train_optimizer": "torch: no fused Adam without apex/TransformerEngine",
         "software.train_norm": "torch: torch.nn.RMSNorm with float32 weights in a float32 model",
         "software.train_elementwise": "unfused: the local spec's SwiGLU and RoPE",
+        "software.train_loss": "vime: the train rates are fitted on vime's own actor's train calls, its policy loss included",
     })
     _, _, models, _ = _sim()
     import tempfile

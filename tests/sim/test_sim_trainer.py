@@ -24,6 +24,12 @@ from vime.sim.trainer.footprint import trainer_context_bytes
 from vime.types import TrainBatch
 
 H100 = load_hardware("H100-SXM-80G")
+
+
+def loss_traffic_s(model: Any, tokens: int, tp: int) -> float:
+    """vime's policy loss beyond Megatron's cross-entropy on one training micro-batch, by hand: 4 + 40 B per logit
+    element forward (the transposed logits' copy, the entropy), 10 backward, at the streaming rate."""
+    return tokens * model.vocab_size / tp * (4 + 40 + 10) / (H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util)
 QWEN3_4B = load_model("Qwen3-4B")
 SMALL = load_model("Qwen3-0.6B")
 
@@ -175,7 +181,7 @@ def test_activation_oom_happens_at_the_micro_batch_that_does_not_fit():
     batch = _batch(args, lengths=[small, huge])
     assert batch.micro_batch_indices[0] == [[0], [1]]
     t0 = cl.env.now
-    flops = 3 * QWEN3_4B.sequence_flops(small) / (2 * H100.train_flops)
+    flops = 3 * QWEN3_4B.sequence_flops(small) / (2 * H100.train_flops) + loss_traffic_s(QWEN3_4B, small, 2)
     comm = 3 * 4 * 36 * H100.allgather_seconds(small * 2560 * 2, 2)  # fwd + 2× bwd
     cl.recorder.on_phase("train", True, t0, 7)
     with pytest.raises(OutOfMemoryError) as info:
@@ -215,7 +221,7 @@ def test_memory_plan_matches_the_simulated_peak():
 
 
 def test_pipeline_parallel_adds_the_1f1b_bubble():
-    """PP 2, 4 equal micro-batches: (4 + 2 − 1) stage slots of 3 × forward / PP each."""
+    """PP 2, 4 equal micro-batches: (4 + 2 − 1) stage slots of 3 × forward / PP each (and the loss's traffic)."""
     args = _args("--no-colocate", "--no-offload-train", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
                  "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "2",
                  "--rollout-batch-size", "4", "--n-samples-per-prompt", "1", "--micro-batch-size", "1")
@@ -224,7 +230,7 @@ def test_pipeline_parallel_adds_the_1f1b_bubble():
     t0 = cl.env.now
     _run(cl, tr.train(0, _batch(args, lengths=[512] * 4)))
     train_span = next(s for s in cl.recorder.spans if s.name == "train_step0")
-    stage = 3 * SMALL.sequence_flops(512) / (2 * H100.train_flops)
+    stage = 3 * SMALL.sequence_flops(512) / (2 * H100.train_flops) + loss_traffic_s(SMALL, 512, 1)
     assert train_span.t1 - train_span.t0 == pytest.approx((4 + 2 - 1) * stage, rel=1e-12)
     assert train_span.t0 == t0
 
@@ -257,7 +263,7 @@ def test_train_time_by_hand_for_one_sequence():
     L, h = 2048, 2560
     dense = QWEN3_4B.num_params() - 36 * (2 * h + 256) - h
     fwd_flops = 2 * dense * L + 4 * 36 * 32 * 128 * L * (L + 1) / 2
-    compute = 3 * fwd_flops / (2 * H100.bf16_flops * H100.efficiency.train_mfu)
+    compute = 3 * fwd_flops / (2 * H100.bf16_flops * H100.efficiency.train_mfu) + loss_traffic_s(QWEN3_4B, L, 2)
     bus = H100.nvlink_bytes_per_s * H100.efficiency.allreduce_bw_util
     tp_comm = 3 * 4 * 36 * ((0.5 * L * h * 2) / bus + H100.efficiency.collective_latency_s)  # fwd + 2× bwd; 4 SP collectives per layer
     p = QWEN3_4B.params_per_rank(2)
@@ -617,3 +623,23 @@ def test_the_h200_preset_carries_the_fitted_residue_of_record():
 
     fit = json.loads((Path(__file__).resolve().parents[2] / "bench" / "data" / "trainer_residue.json").read_text())
     assert load_hardware("H200-141G-measured").software.train_step_residue_bytes == fit["train_step_residue_bytes"] > 0
+
+
+def test_the_policy_loss_traffic_is_added_unless_the_profile_was_fitted_on_it():
+    """A profile measured on Megatron's own loss ("megatron") gets vime's extra vocabulary traffic, under the host
+    floor; one fitted on vime's actor ("vime") already holds it; a log-prob forward moves only the transposed copy."""
+    args = _args("--no-colocate", "--no-offload-train", "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
+                 "--tensor-model-parallel-size", "2", "--rollout-batch-size", "1", "--n-samples-per-prompt", "1",
+                 "--micro-batch-size", "1")
+    tr, _ = _trainer(args, gpus=2)
+    lengths = [2048]
+    train_fwd, train_bwd = tr._microbatch_seconds(lengths, backward=True)
+    logp_fwd, _ = tr._microbatch_seconds(lengths, backward=False)
+    tr.hw = dataclasses.replace(H100, software=dataclasses.replace(H100.software, train_loss="vime"))
+    base_fwd, base_bwd = tr._microbatch_seconds(lengths, backward=True)
+    base_logp, _ = tr._microbatch_seconds(lengths, backward=False)
+    assert train_fwd + train_bwd - base_fwd - base_bwd == pytest.approx(loss_traffic_s(QWEN3_4B, 2048, 2), rel=1e-9)
+    stream = H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util
+    assert logp_fwd - base_logp == pytest.approx(2048 * QWEN3_4B.vocab_size / 2 * 4 / stream, rel=1e-9)
+    with pytest.raises(ConfigError, match="software.train_loss"):
+        dataclasses.replace(H100.software, train_loss="fused")

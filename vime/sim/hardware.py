@@ -50,6 +50,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "train_optimizer": "fused",               # "fused" Adam (TE/apex) or "torch" (torch.optim.AdamW)
         "train_norm": "fused",                    # what RMSNorm keeps: "fused", "torch" or "torch_fp32_weight"
         "train_elementwise": "fused",             # SwiGLU and RoPE kernels: "fused" or "unfused"
+        "train_loss": "megatron",                 # the loss the train rates include: "megatron" (its CE) or "vime"
         "train_step_residue_bytes": 0,            # kept mapped by the trainer from its first train step (optional)
         "trainer_process_bytes": 0                # the trainer process outside its allocator, beyond the context (optional)
       },

@@ -175,6 +175,11 @@ TRAIN_NORMS = ("fused", "torch", "torch_fp32_weight")
 #: or "unfused" (the local spec: SwiGLU keeps its silu output and a copy of the gate, RoPE keeps
 #: its cos/sin tables per layer).
 TRAIN_ELEMENTWISE = ("fused", "unfused")
+#: The loss the profile's train rates were measured with: "megatron" (Megatron's own vocab-parallel
+#: cross-entropy on its [s, b, v] logits, as bench/megatron_step.py runs it), to which the simulated actor adds
+#: what vime's policy loss moves beyond it over the vocabulary (`costs.loss_stream_bytes_per_token`), or "vime"
+#: (the rates were fitted on vime's own actor, its loss included).
+TRAIN_LOSSES = ("megatron", "vime")
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ class Software:
     train_optimizer: str = "fused"
     train_norm: str = "fused"
     train_elementwise: str = "fused"
+    train_loss: str = "megatron"
     #: Bytes the trainer process keeps mapped outside its offload pools from the end of its first train step
     #: on (0: none modelled). A measured stack's figure, fitted by bench/fit_trainer_residue.py.
     train_step_residue_bytes: int = 0
@@ -208,3 +214,5 @@ class Software:
         if self.train_elementwise not in TRAIN_ELEMENTWISE:
             raise ConfigError(f"software.train_elementwise must be one of {TRAIN_ELEMENTWISE}, "
                               f"got {self.train_elementwise!r}")
+        if self.train_loss not in TRAIN_LOSSES:
+            raise ConfigError(f"software.train_loss must be one of {TRAIN_LOSSES}, got {self.train_loss!r}")

@@ -12,6 +12,7 @@ from vime.sim import moe
 from vime.sim.trainer.costs import (
     CHECKPOINT_BYTES_PER_S,
     compute_seconds,
+    loss_stream_bytes_per_token,
     optimizer_step_bytes,
     streaming_bytes_per_s,
 )
@@ -193,18 +194,23 @@ class ActorCostModel:
 
     # --- time ------------------------------------------------------------------------------------
     def _forward_seconds(self, lengths: Sequence[int]) -> float:
-        """Forward of one micro-batch on its model-parallel group (the time of one stage × PP stages)."""
-        return self._compute_and_comm(lengths)[0]
+        """Forward of one micro-batch on its model-parallel group (the time of one stage × PP stages), log-probs only."""
+        return self._compute_and_comm(lengths, training=False)[0]
 
-    def _compute_and_comm(self, lengths: Sequence[int]) -> tuple[float, float]:
-        """(forward, backward) of one micro-batch, each with the forward's TP collectives."""
+    def _compute_and_comm(self, lengths: Sequence[int], *, training: bool) -> tuple[float, float]:
+        """(forward, backward) of one micro-batch, each with the forward's TP collectives; `training`: a
+        training pass (its loss takes the entropy too), else a log-prob forward."""
         lay = self.layout
         local = self.model.num_experts // self.ep if self.model.is_moe else 0
         e_fwd, a2a = self._moe_seconds(lengths) if self.model.is_moe else (0.0, 0.0)
-        # the experts' slow GEMMs are GPU time: under the CPU floor, not after it
-        extra = (e_fwd, self.hw.efficiency.train_backward_factor * e_fwd)
-        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local, extra)
         tokens = sum(lengths) / lay.cp
+        # the loss's traffic over the vocabulary: the last stage's, once per micro-batch
+        stream = streaming_bytes_per_s(self.hw)
+        l_fwd, l_bwd = (tokens * b / stream for b in loss_stream_bytes_per_token(self.model, self.hw, lay.tp,
+                                                                                 training=training))
+        # the experts' slow GEMMs and the loss's traffic are GPU time: under the CPU floor, not after it
+        extra = (e_fwd + l_fwd, self.hw.efficiency.train_backward_factor * e_fwd + l_bwd)
+        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local, extra)
         # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
         act = tokens * self.model.hidden_size * self.model.dtype_bytes
         comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
@@ -235,7 +241,7 @@ class ActorCostModel:
         return self.imbalance if self.ep > 1 else 1.0
 
     def _microbatch_seconds(self, lengths: Sequence[int], *, backward: bool) -> tuple[float, float]:
-        fwd, bwd = self._compute_and_comm(lengths)
+        fwd, bwd = self._compute_and_comm(lengths, training=backward)
         if not backward:
             return fwd, 0.0
         if self.recompute == "full":

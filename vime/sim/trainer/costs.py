@@ -52,6 +52,15 @@ SWIGLU_UNFUSED_EXTRA_BWD_BYTES = 16
 #: Unfused RoPE, per q/k element: t·cos r2 w2, rotate_half (neg + cat) r4 w4, ·sin r2 w2, the
 #: sum r4 w2 → 22 against a fused kernel's r2 w2 (+18), about the same again backward.
 ROPE_UNFUSED_EXTRA_BYTES = 18
+#: vime's policy loss over the vocabulary beyond Megatron's own cross-entropy (`Software.train_loss` "megatron"),
+#: HBM bytes per logit element (vime/real/megatron/loss.py on Megatron's logits): forward: Megatron hands back
+#: [b, s, v] logits as a contiguous transpose (r2 w2) → 4 in every pass; a training pass also takes the entropy
+#: (max r4, shift r4 w4, exp r4 w4, sum r4, e·shift r8 w4, sum r4) → +40; backward: the next-token slice's grad
+#: (zeros w2, copy r2 w2) and the transpose's (r2 w2) → 10. The cast to fp32 and the cross-entropy itself are
+#: in both losses, so in the measured rates.
+VIME_LOSS_EXTRA_FWD_BYTES = 4
+VIME_ENTROPY_BYTES = 40
+VIME_LOSS_EXTRA_BWD_BYTES = 10
 #: Checkpoint write/read rate per node (simulated filesystem), bytes/s.
 CHECKPOINT_BYTES_PER_S = 2e9
 
@@ -90,8 +99,21 @@ def software_stream_bytes_per_token(model: ModelSpec, hw: HardwareSpec) -> tuple
     return fwd * model.num_layers, bwd * model.num_layers
 
 
+def loss_stream_bytes_per_token(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
+                                training: bool) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per token on each TP rank of the last stage that vime's policy loss moves over
+    its vocabulary slice beyond what the profile's train rates include (0 when they were fitted on vime's actor);
+    `training`: a training pass (entropy, backward), else a log-prob forward."""
+    if hw.software.train_loss == "vime":
+        return 0.0, 0.0
+    vocab = model.vocab_size / tp
+    if not training:
+        return vocab * VIME_LOSS_EXTRA_FWD_BYTES, 0.0
+    return vocab * (VIME_LOSS_EXTRA_FWD_BYTES + VIME_ENTROPY_BYTES), vocab * VIME_LOSS_EXTRA_BWD_BYTES
+
+
 def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1,
-                    local_experts: int = 0, expert_extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+                    local_experts: int = 0, gpu_extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
 
     Flash attention (the default): FLOPs of `ModelSpec.sequence_flops` (causal) at train MFU,
@@ -102,7 +124,8 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
     and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`, plus
     `train_host_s_per_expert` for each of a MoE layer's `local_experts` where the stack runs them one by one); the
-    experts' GPU time beyond the dense rate (`expert_extra`, forward and backward) runs under the same floor; on a CPU
+    GPU time counted elsewhere (`gpu_extra`, forward and backward: the experts' beyond the dense rate, the loss's
+    traffic) runs under the same floor; on a CPU
     device (`HardwareSpec.host_overlaps_compute` false) that CPU work adds to the kernels' instead.
     """
     flops = sum(model.sequence_flops(n) for n in lengths)
@@ -122,7 +145,7 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         elements = model.score_elements(lengths) / ranks
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
-    fwd, bwd = fwd + expert_extra[0], bwd + expert_extra[1]
+    fwd, bwd = fwd + gpu_extra[0], bwd + gpu_extra[1]
     eff = hw.efficiency
     experts = eff.train_host_s_per_expert * local_experts * len(model.moe_layers)
     host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers + experts
