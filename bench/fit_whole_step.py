@@ -193,6 +193,13 @@ RUN_SPECS = {
     # run blind (its output withheld); predicted on 78a563e before its files were opened
     "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8": ("qwen3-30b-a3b-4l", "cumem", {
         "MBS": "4", "RESPONSE_LEN": "512", "NUM_ROLLOUT": "2"}),
+    # the fifth lease (2026-12-03), predicted on 53c53a5 before it ran; nothing fitted on it
+    "qwen3-4b-cumem-1g_mbs2_2026-12-03s10": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-0.6b-cumem-1g_2026-12-03s10": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_n4_2026-12-03s10": ("qwen3-30b-a3b-4l", "cumem", {
+        "MBS": "4", "RESPONSE_LEN": "512", "NUM_ROLLOUT": "4"}),
+    "qwen3-4b-cumem-1g_mbs2_b8_2026-12-03s10": ("qwen3-4b", "cumem", {
+        "MBS": "2", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--rollout-batch-size 8"}),
 }
 
 
@@ -287,6 +294,9 @@ FRONTEND_RUN = "qwen3-4b-cumem-1g_mbs2_2026-12-02s8"
 FRONTEND_RUNS = (FRONTEND_RUN, "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 #: The runs with vLLM's /metrics (the fourth lease), FRONTEND_RUN first.
 METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
+#: runs with /metrics that no fit read: the blind MoE run and the fifth lease's (256 requests each)
+HELD_OUT_METRICS_RUNS = ("qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8", "qwen3-4b-cumem-1g_mbs2_2026-12-03s10",
+                         "qwen3-0.6b-cumem-1g_2026-12-03s10", "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_n4_2026-12-03s10")
 
 
 def _later_steps(run: str) -> list[dict]:
@@ -368,7 +378,7 @@ def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     overhead = lone_request_s() - im4.first_time(16, 0, 16 * 17 / 2, 1) - settings.response_seconds(1)
     fitted["EngineSettings.request_overhead_s"] = float(f"{overhead:.3g}")
     lines = []
-    for run in (*METRICS_RUNS, "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8"):
+    for run in (*METRICS_RUNS, *HELD_OUT_METRICS_RUNS):
         length = _later_steps(run)[0]["rollout/response_len/mean"]
         spreads = [1e3 * response_spread_per_response(m) for m in _later_steps(run)]
         im = IterationModel.build(hw, model_of(RUN_SPECS[run][0]), settings)
@@ -490,7 +500,7 @@ def step_terms(profile: dict) -> list[str]:
 
     hw = HardwareSpec.from_dict(profile)
     lines = []
-    for run in (*METRICS_RUNS, "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8"):
+    for run in (*METRICS_RUNS, *HELD_OUT_METRICS_RUNS):
         pts = step_vs_context(run)
         model = model_of(RUN_SPECS[run][0])
         im = IterationModel.build(hw, model, EngineSettings())
