@@ -26,6 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibrate import _cpu_name as cpu_model  # noqa: E402 - the calibration's reading of /proc/cpuinfo
+
 
 def python_loop() -> None:
     """Dict and list churn: 200k iterations of the bookkeeping a scheduler does per request."""
@@ -66,17 +69,6 @@ def best_of(fn: Callable[[], None], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, else platform's answer."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def probe(repeats: int = 5) -> dict:
