@@ -155,6 +155,9 @@ run() {
   local R=$W/runs/$TAG
   rm -rf "$R" && mkdir -p "$R/logs"
   export VIME_LOG_DIR=$R/logs
+  # The host's single-thread speed, on a quiet machine before the samplers start: host-bound phases moved
+  # 20-40 % between leases of one device kind (issue 17).
+  python3 bench/host_probe.py --out "$R/host.json" > /dev/null 2>&1 || echo "host probe failed" >&2
   (while :; do
      t=$(date +%s.%N)
      nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
@@ -171,8 +174,6 @@ run() {
   # vLLM's own counters (decode iteration time, requests running) beside the client's view of the rollout (issue 17).
   python3 scripts/h200_train/scrape_metrics.py "$R/train.jsonl" "$R/vllm_metrics.jsonl" 2>"$R/scrape.err" &
   local scraper=$!
-  # The host's single-thread speed: host-bound phases moved 20-40 % between leases of one device kind (issue 17).
-  python3 bench/host_probe.py --out "$R/host.json" > /dev/null 2>&1 || echo "host probe failed" >&2
   echo "+ vime train --backend real ${TRAIN_ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
   set -o pipefail
   timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${TRAIN_ARGS[@]}" "${TRAIN_ONLY[@]}" \
