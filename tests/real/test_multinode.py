@@ -210,7 +210,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 # --------------------------------------------------------------------------------------------
 
 DRIVER = textwrap.dedent("""
-    import json, os, signal, sys
+    import faulthandler, json, os, signal, sys
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
     from vime.config.options import ClusterConfig
     from vime.placement import plan_placement
     from vime.real.cluster import init_ray, reserve
@@ -266,6 +267,20 @@ def driver(cluster: LocalCluster, work: Path) -> Iterator[tuple[subprocess.Popen
                 drv.kill()
 
 
+def _exit_status(drv: subprocess.Popen[str], work: Path, timeout_s: float) -> int:
+    """The driver's exit status within `timeout_s`; past it, its threads' stacks (SIGUSR1) go into the failure."""
+    try:
+        return drv.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        drv.send_signal(signal.SIGUSR1)
+        try:
+            drv.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        pytest.fail(f"the driver had not exited {timeout_s:.0f} s after Ctrl-C; its stderr ends:\n"
+                    f"{(work / 'driver.err').read_text()[-6000:]}")
+
+
 def _processes(work: Path, hosts: list[dict[str, Any]]) -> set[tuple[int, int]]:
     pids: set[int] = set()
     for h in hosts:
@@ -299,7 +314,7 @@ def test_engine_hosts_on_both_nodes_restart_a_crashed_server_and_stop_on_ctrl_c(
         running = _processes(tmp_path, again)
 
         drv.send_signal(signal.SIGINT)  # Ctrl-C
-        assert drv.wait(90) != 0
+        assert _exit_status(drv, tmp_path, 90) != 0
         assert_all_gone(running)
 
 
