@@ -119,7 +119,7 @@ def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict
                                                                layout: tuple[str, str, tuple[int, ...]]) -> None:
     # the maintained preset run.sh names (until 2026-12-02 it named a stale copy in bench/data)
     profile = json.loads((ROOT / "vime/sim/data/hardware/H200-141G-measured.json").read_text())
-    assert prediction["schema"] == "vime.simulate/1.1"
+    assert prediction["schema"] == "vime.simulate/1.2"
     assert prediction["hardware"]["name"] == profile["name"]
     model = json.loads((model_dir / "config.json").read_text())
     assert prediction["model"]["layers"] == model["num_hidden_layers"]
@@ -194,6 +194,12 @@ def test_compare_flags_missing_steps_wrong_versions_and_drifting_memory(predicti
     assert doc["memory"]["gpus"]["1"]["rollout_mib"] == [120_001.0, 120_002.0, 120_003.0]
     assert doc["memory"]["gpus"]["0"]["train_mib"] == [30_000.0, 30_010.0, 30_020.0]
     assert doc["memory"]["gpus"]["0"]["peak_mib"] == 120_002.0
+    # the level while training beside the simulator's most in its train phase (vime.simulate/1.2)
+    train_gib = {g["gpu"]: g["phase_peaks_gib"]["train"] for g in prediction["memory"]["gpus"]}
+    row = doc["memory"]["gpus"]["0"]
+    assert row["train_max_mib"] == 30_020.0 and row["predicted_train_mib"] == train_gib[0] * 1024
+    assert row["train_error_pct"] == pytest.approx(100 * (train_gib[0] * 1024 - 30_020) / 30_020)
+    assert "while training: most 30020" in compare_mod.format_table(doc)
 
     for drift in ((lambda g, i: 120_000 + 2048 * i, lambda g, i: 30_000),
                   (lambda g, i: 120_000, lambda g, i: 30_000 + 2048 * i)):
@@ -393,3 +399,34 @@ def test_scrape_metrics_follows_the_placement_and_sums_each_series_over_labels(t
     assert first["m"] == {"vllm:num_requests_running": 256.0, "vllm:generation_tokens_total": 262144.0,
                           "vllm:inter_token_latency_seconds_sum": 4.0,
                           "vllm:inter_token_latency_seconds_count": 256.0, "vllm:request_success_total": 256.0}
+
+
+def test_the_sixth_lease_oom_in_the_loss_at_4096_token_responses_is_predicted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 0.6B at micro-batches of 2 × 4224 tokens ran out of memory in the policy loss's entropy on the H200
+    (2026-12-03); its prediction of record said it fits. With the entropy's temporaries counted the simulator
+    says OOM in that train phase on the trainer's activations, that micro-batch 1 fits, and what the trainer
+    asks for is within 2 % of what the run had allocated plus the allocation that failed."""
+    run = ROOT / "bench/data/h200_train_e2e/qwen3-0.6b-cumem-1g_mbs2_r4096_n1_2026-12-03s11"
+    log = (run / "train_stderr.log").read_text()
+    m = re.search(r"Tried to allocate ([\d.]+) GiB.*?Of the allocated memory ([\d.]+) GiB is allocated by PyTorch", log)
+    assert m is not None and "vocab_parallel_entropy" in log
+    measured_gib = float(m.group(1)) + float(m.group(2))
+    record = json.loads((run.parent / "predicted_2026-12-03s10_next_06b_r4096.json").read_text())
+    assert next(iter(record.values()))["prediction"]["verdict"]["fits"] is True  # what was said before the run
+
+    for key, value in {"MBS": "2", "RESPONSE_LEN": "4096", "NUM_ROLLOUT": "1",
+                       "EXTRA_ARGS": "--rollout-max-context-len 8192"}.items():
+        monkeypatch.setenv(key, value)
+    doc = _load("predict").predict("qwen3-0.6b:cumem:1", tmp_path)["prediction"]
+    verdict = doc["verdict"]
+    assert not verdict["fits"]
+    oom = verdict["oom"]
+    assert (oom["phase"], oom["owner"], oom["tag"], oom["rollout_id"]) == ("train", "actor", "activations", 0)
+    assert verdict["fix_results"][0]["changes"] == {"micro_batch_size": 1} and verdict["fix_results"][0]["fits"]
+    # the trainer's PyTorch-side bytes at that moment: its state and staging buffer, and the activations asked for
+    held = {k: v for k, v in doc["memory"]["gpus"][0]["tag_peaks_gib"].items()
+            if k.startswith("actor/") and k.split("/")[1] in ("params", "grads", "optimizer", "weight_buffer")}
+    assert len(held) == 4
+    need_gib = sum(held.values()) + oom["requested_gib"]
+    assert abs(need_gib - measured_gib) / measured_gib < 0.02, (need_gib, measured_gib)

@@ -88,7 +88,9 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 @pytest.fixture(scope="module")
 def two_steps():
-    sim = simulate(parse_args(["--num-rollout", "2"], command="simulate"))
+    # micro-batches of 4: at the seed's 8 the DP ranks' activations (the loss's entropy temporaries included) differ
+    # by more than ALIKE_SHARE of a GPU at moments, and GPUs 6–7 get a chart of their own
+    sim = simulate(parse_args(["--num-rollout", "2", "--micro-batch-size", "4"], command="simulate"))
     return build_document(sim, deterministic=True), sim.backends.recorder
 
 
@@ -277,7 +279,8 @@ def test_oom_page_marks_the_moment_and_lists_the_simulated_fixes(browser: Browse
     # the moment on the GPU's chart (and the allocation that did not fit), and on the timeline
     assert b.eval("document.querySelector('#memory-charts .gpu-group.has-oom .oom-marker').dataset.gpu") == "0"
     assert b.eval("document.querySelectorAll('#memory-charts .gpu-group.has-oom .oom-ask').length") == 1
-    assert "asked for 23.3 GiB" in b.eval("document.querySelector('#memory-charts .oom-marker text').textContent")
+    asked = f"asked for {sim.oom.requested / 1024**3:.1f} GiB, {sim.oom.free / 1024**3:.1f} GiB free"
+    assert asked in b.eval("document.querySelector('#memory-charts .oom-marker text').textContent")
     assert b.eval("document.querySelectorAll('#timeline .oom-marker').length") == 1
     assert any(t.strip() == "the OOM" for t in _texts(b, "#zoom-bar button"))
     # the fixes, each simulated

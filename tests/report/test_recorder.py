@@ -49,6 +49,25 @@ def test_recorder_takes_a_feed_without_the_simulator():
         rec.on_phase("rollout", False, 3.0, 3)
 
 
+def test_phase_peaks_count_every_phase_in_progress_and_what_a_phase_found_on_the_device():
+    rec = Recorder()
+    rec.on_memory(0, "engine0", "kv_cache", 50 * GiB, t=0.0)  # before any phase: no phase peak
+    assert rec.phase_peaks == {}
+    rec.on_phase("rollout", True, 1.0, 0)
+    rec.on_memory(0, "engine0", "kv_cache", 60 * GiB, t=1.5)
+    rec.on_phase("rollout", False, 2.0, 0)
+    rec.on_memory(0, "engine0", "kv_cache", 0, t=2.5)
+    rec.on_phase("train", True, 3.0, 0)  # changes nothing on GPU 1: it still holds what was there
+    rec.on_memory(1, "actor", "params", 4 * GiB, t=3.1)
+    rec.on_phase("offload", True, 3.2, 0)  # nested: the outer train phase sees this too
+    rec.on_memory(0, "actor", "activations", 30 * GiB, t=3.5)
+    rec.on_phase("offload", False, 3.6, 0)
+    rec.on_memory(0, "actor", "activations", 0, t=3.7)
+    rec.on_phase("train", False, 4.0, 0)
+    assert rec.phase_peaks == {(0, "rollout"): 60 * GiB, (0, "train"): 30 * GiB, (0, "offload"): 30 * GiB,
+                               (1, "train"): 4 * GiB, (1, "offload"): 4 * GiB}
+
+
 def test_recorder_keeps_the_first_oom_and_reads_no_clock_when_unbound():
     rec = Recorder()
     assert rec.now() == 0.0

@@ -30,6 +30,12 @@ def loss_traffic_s(model: Any, tokens: int, tp: int) -> float:
     """vime's policy loss beyond Megatron's cross-entropy on one training micro-batch, by hand: 4 + 40 B per logit
     element forward (the transposed logits' copy, the entropy), 10 backward, at the streaming rate."""
     return tokens * model.vocab_size / tp * (4 + 40 + 10) / (H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util)
+
+
+def entropy_bytes(model: Any, tokens: int, tp: int) -> int:
+    """The policy loss's entropy temporaries on one training micro-batch, by hand: the shifted fp32 logits, their
+    exp and the product, 3 × 4 B per logit element of this rank's vocabulary slice."""
+    return int(3 * 4 * model.vocab_size / tp * tokens)
 QWEN3_4B = load_model("Qwen3-4B")
 SMALL = load_model("Qwen3-0.6B")
 
@@ -166,7 +172,8 @@ def test_activation_peak_is_one_micro_batch_and_grows_with_its_tokens():
     short, long = peak(128), peak(1024)
     assert 0 < short < long
     per_token = QWEN3_4B.activation_bytes_per_token(2)
-    assert long <= per_token * 8 * (512 + 1024) + 1  # at most one micro-batch of 8 longest samples
+    tokens = 8 * (512 + 1024)  # at most one micro-batch of 8 longest samples
+    assert long <= per_token * tokens + entropy_bytes(QWEN3_4B, tokens, 2) + 1
 
 
 def test_activation_oom_happens_at_the_micro_batch_that_does_not_fit():
@@ -189,7 +196,7 @@ def test_activation_oom_happens_at_the_micro_batch_that_does_not_fit():
     err = info.value
     assert (err.gpu, err.owner, err.tag, err.phase) == (0, "actor", "activations", "train")
     assert err.time == pytest.approx(t0 + flops + comm, rel=1e-12)
-    assert err.requested == tr.activation_bytes(huge)
+    assert err.requested == tr.activation_bytes(huge) + entropy_bytes(QWEN3_4B, huge, 2)
 
 
 def test_colocated_engine_kv_makes_the_trainer_wake_oom():
@@ -213,6 +220,24 @@ def test_memory_plan_matches_the_simulated_peak():
     plan = tr.memory_plan(8 * 700)
     assert cl.gpus[0].peak() == plan["total"]
     assert cl.gpus[0].peak("actor", "activations") == plan["activations"]
+
+
+def test_the_policy_loss_entropy_sits_on_a_training_micro_batch_but_not_on_a_log_prob_forward():
+    """The training loss takes the entropy of the fp32 logits with everything the forward kept still alive; the
+    log-prob forward keeps no activations and takes no entropy: its logits and their fp32 copy only."""
+    args = _args("--num-steps-per-rollout", "2", "--no-offload-train", "--no-colocate", "--rollout-num-gpus", "8",
+                 "--micro-batch-size", "1")
+    tr, cl = _trainer(args, SMALL)
+    _run(cl, tr.init())
+    batch = _batch(args, lengths=[4224] * 256)
+    peaks = {}
+    _run(cl, tr.compute_log_prob(0, batch))
+    peaks["log_prob"] = cl.gpus[0].peak("actor", "activations")
+    assert peaks["log_prob"] == int(SMALL.logits_bytes_per_token(2) * 4224)  # TP 2, one sequence
+    _run(cl, tr.train(0, batch))
+    peaks["train"] = cl.gpus[0].peak("actor", "activations")
+    assert peaks["train"] == tr.activation_bytes(4224, [4224]) + entropy_bytes(SMALL, 4224, 2)
+    assert entropy_bytes(SMALL, 4224, 2) == 3 * 4 * 151936 // 2 * 4224
 
 
 # --------------------------------------------------------------------------------------------

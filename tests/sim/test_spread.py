@@ -123,7 +123,7 @@ def test_a_profile_without_spread_says_its_error_is_unknown():
 
 def test_measured_profile_bands_every_phase_of_a_simulation(measured_doc):
     jsonschema.validate(measured_doc, SIMULATE_SCHEMA)
-    assert measured_doc["schema"] == "vime.simulate/1.1"
+    assert measured_doc["schema"] == "vime.simulate/1.2"
     unc, phases = measured_doc["uncertainty"], measured_doc["summary"]["phases"]
     spread = dict(load_hardware("H200-141G-measured").spread)
     assert unc["basis"] == "H200-141G-measured" and set(unc["quantities"]) == set(spread)

@@ -294,6 +294,13 @@ def compare_runs(runs: Sequence[Run], sim: dict[str, Any], mem: dict[int, list[t
                 if row is not None and g.get("peak_gib") is not None:
                     row["predicted_peak_mib"] = g["peak_gib"] * 1024
                     row["peak_error_pct"] = error_pct(row["peak_mib"], row["predicted_peak_mib"])
+                # the level while the trainer trains, where its own memory decides (vime.simulate/1.2 on)
+                train_gib = (g.get("phase_peaks_gib") or {}).get("train")
+                seen = [v for v in (row or {}).get("train_mib", []) if v is not None]
+                if row is not None and train_gib is not None and seen:
+                    row["train_max_mib"] = max(seen)
+                    row["predicted_train_mib"] = train_gib * 1024
+                    row["train_error_pct"] = error_pct(row["train_max_mib"], row["predicted_train_mib"])
             if not doc["memory"]["steady"]:
                 problems.append("GPU memory did not return to the same level each step (see memory)")
     doc["problems"] = problems
@@ -372,6 +379,9 @@ def format_table(doc: dict[str, Any], *, steps: bool = True, calls: bool = False
             lines.append(f"  gpu {gpu}: rollout {g['rollout_mib']} train {g['train_mib']} peak {g['peak_mib']}"
                          f" (predicted {_fmt(g.get('predicted_peak_mib'), '.0f')},"
                          f" error {_fmt(g.get('peak_error_pct'), '.1f')} %)")
+            if g.get("predicted_train_mib") is not None:
+                lines.append(f"    while training: most {g['train_max_mib']:.0f} (predicted {g['predicted_train_mib']:.0f},"
+                             f" error {_fmt(g.get('train_error_pct'), '.1f')} %)")
     if "calls" in doc:
         c = doc["calls"]
         lines.append("calls: the same, rollout by rollout" if c["equal"] else f"calls DIFFER: {c['first_divergence']}")

@@ -98,6 +98,10 @@ def render_compare_html(cmp: dict[str, Any], *, measured_view: dict[str, Any] | 
             mrows.append([f"GPU {gpu}", (fmt_gib(g["peak_mib"] / 1024), g["peak_mib"]),
                           (fmt_gib(g["predicted_peak_mib"] / 1024) if g.get("predicted_peak_mib") is not None else "—",
                            g.get("predicted_peak_mib") or ""), _err_cell(g.get("peak_error_pct"))])
+            if g.get("predicted_train_mib") is not None:
+                mrows.append([f"GPU {gpu} while training", (fmt_gib(g["train_max_mib"] / 1024), g["train_max_mib"]),
+                              (fmt_gib(g["predicted_train_mib"] / 1024), g["predicted_train_mib"]),
+                              _err_cell(g.get("train_error_pct"))])
         body.append(f'<section id="peaks"><h2>Peak memory</h2>{_table(["", "measured", "simulated", "error"], mrows, num=(1, 2, 3))}'
                     '<p class="note">Measured memory is what the driver reports for the whole GPU (every process, '
                     'allocator caches included); the simulation counts the tagged allocations.</p></section>')

@@ -76,7 +76,8 @@ class Recorder:
     - ``on_oom(error)``: an `OutOfMemoryError`; the first one is the run's verdict.
 
     Reading it: ``spans``, ``samples``, ``instants``, ``phase_spans``, ``gpu_peaks`` (per device,
-    with the (owner, tag) breakdown at the peak), ``tag_peaks``, ``oom``, `peak_table`, `to_dict`.
+    with the (owner, tag) breakdown at the peak), ``tag_peaks``, ``phase_peaks`` (per device and phase name, every
+    phase in progress counted), ``oom``, `peak_table`, `to_dict`.
     """
 
     def __init__(self, clock: Clock | None = None) -> None:
@@ -86,6 +87,9 @@ class Recorder:
         self.instants: list[tuple[float, str, str, dict[str, Any]]] = []  # (t, track, name, args)
         self.gpu_peaks: dict[int, Peak] = {}
         self.tag_peaks: dict[tuple[int, str, str], Peak] = {}
+        #: (device, phase name) -> the device's most bytes while that phase was in progress (nested or not)
+        self.phase_peaks: dict[tuple[int, str], int] = {}
+        self._totals: dict[int, int] = {}  # each device's whole usage as last reported
         self.phase_spans: list[tuple[str, int | None, float, float]] = []  # (name, rollout_id, t0, t1)
         self.oom: OutOfMemoryError | None = None
         self.rollout_id: int | None = None
@@ -109,6 +113,8 @@ class Recorder:
     def on_phase(self, name: str, begin: bool, t: float, rollout_id: int | None) -> None:
         if begin:
             self._phase_stack.append((name, rollout_id, t))
+            for gpu, total in self._totals.items():  # a phase that changes nothing still holds what was there
+                self._raise_phase_peak(gpu, name, total)
             if rollout_id is not None:
                 self.rollout_id = rollout_id
             return
@@ -146,6 +152,9 @@ class Recorder:
         if total is None:
             total = sum(held.values())
         self.samples.append(MemorySample(t, gpu, owner, tag, nbytes, total))
+        self._totals[gpu] = total
+        for name in {p[0] for p in self._phase_stack}:
+            self._raise_phase_peak(gpu, name, total)
         best = self.tag_peaks.get((gpu, owner, tag))
         if best is None or nbytes > best.bytes:
             self.tag_peaks[(gpu, owner, tag)] = Peak(nbytes, t, self.phase, self.rollout_id)
@@ -153,6 +162,10 @@ class Recorder:
         if best is None or total > best.bytes:
             breakdown = tuple((o, g, b) for (o, g), b in sorted(held.items()))
             self.gpu_peaks[gpu] = Peak(total, t, self.phase, self.rollout_id, breakdown)
+
+    def _raise_phase_peak(self, gpu: int, phase: str, total: int) -> None:
+        if total > self.phase_peaks.get((gpu, phase), -1):
+            self.phase_peaks[(gpu, phase)] = total
 
     def on_oom(self, error: OutOfMemoryError) -> None:
         if self.oom is None:

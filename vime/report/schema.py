@@ -1,4 +1,4 @@
-"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1.1``) and of its trace file, for validation."""
+"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1.2``) and of its trace file, for validation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SIMULATE_SCHEMA: dict[str, Any] = {
     "required": ["schema", "vime_version", "config", "hardware", "model", "startup", "steps", "summary",
                  "rollout", "memory", "verdict", "uncertainty"],
     "properties": {
-        "schema": {"const": "vime.simulate/1.1"},
+        "schema": {"const": "vime.simulate/1.2"},
         "vime_version": {"type": "string"},
         "config": {"type": "object", "required": ["rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
                                                   "tensor_model_parallel_size", "data_parallel_size"]},
@@ -39,9 +39,10 @@ SIMULATE_SCHEMA: dict[str, Any] = {
             "gpus": {"type": "array", "items": {
                 "type": "object",
                 "required": ["gpu", "capacity_gib", "peak_gib", "headroom_gib", "peak_phase", "by_owner_tag_gib",
-                             "tag_peaks_gib"],
+                             "tag_peaks_gib", "phase_peaks_gib"],
                 "properties": {"by_owner_tag_gib": {"type": "object", "additionalProperties": _NUM},
-                               "tag_peaks_gib": {"type": "object", "additionalProperties": _NUM}}}},
+                               "tag_peaks_gib": {"type": "object", "additionalProperties": _NUM},
+                               "phase_peaks_gib": {"type": "object", "additionalProperties": _NUM}}}},
             "host_pinned_peak_gib": _NUM}},
         "verdict": {"type": "object", "required": ["fits", "oom", "fixes"], "properties": {
             "fits": {"type": "boolean"},

@@ -1,8 +1,9 @@
-"""The ``vime.simulate/1.1`` JSON document of one simulated configuration (`vime simulate --json`).
+"""The ``vime.simulate/1.2`` JSON document of one simulated configuration (`vime simulate --json`).
 
 Keys of the top-level object:
 
-- ``schema``: ``"vime.simulate/1.1"`` (1.1 adds ``uncertainty`` to 1; readers of 1 read it unchanged);
+- ``schema``: ``"vime.simulate/1.2"`` (1.1 adds ``uncertainty`` to 1, 1.2 ``phase_peaks_gib`` to each GPU of
+  ``memory``; readers of an earlier version read a later one unchanged);
   ``vime_version``.
 - ``config``: the resolved configuration (`vime simulate --dry-run --json`).
 - ``hardware`` / ``model``: what was simulated (name, memory, peak FLOP/s; parameters, layers).
@@ -17,7 +18,9 @@ Keys of the top-level object:
   ``engine_busy_share``, ``kv_blocks_total``, ``kv_blocks_peak``, ``kv_blocks_used_share``,
   ``preemptions``, ``aborted_requests``.
 - ``memory``: ``gpus``: [{gpu, capacity_gib, peak_gib, headroom_gib, peak_phase, peak_rollout_id,
-  by_owner_tag_gib (at the peak), tag_peaks_gib (each owner/tag's own maximum)}],
+  by_owner_tag_gib (at the peak), tag_peaks_gib (each owner/tag's own maximum), phase_peaks_gib (the
+  device's most while each phase was in progress, over all steps and start-up: what a measured
+  per-phase level is checked against)}],
   ``host_pinned_peak_gib``.
 - ``verdict``: ``fits`` (bool), ``oom`` (null or {phase, rollout_id, gpu, owner, tag,
   requested_gib, free_gib, short_by_gib, time_s, message}), ``fixes`` ([str]; when an OOM
@@ -47,7 +50,7 @@ from vime.orchestrator import PHASES, StepReport
 from vime.runs.sim import Simulation
 from vime.sim.spread import uncertainty
 
-SCHEMA = "vime.simulate/1.1"
+SCHEMA = "vime.simulate/1.2"
 GiB = 1024**3
 
 
@@ -123,6 +126,8 @@ def _memory(sim: Simulation) -> dict[str, Any]:
             "peak_rollout_id": peak.rollout_id if peak else None,
             "by_owner_tag_gib": {f"{o}/{t}": _r(b / GiB, 3) for o, t, b in (peak.breakdown if peak else ()) if b > 0},
             "tag_peaks_gib": tag_peaks,
+            "phase_peaks_gib": {ph: _r(b / GiB, 3) for (g, ph), b in sorted(rec.phase_peaks.items())
+                                if g == gpu.index},
         })
     host = rec.gpu_peaks.get(HOST)
     return {"gpus": gpus, "host_pinned_peak_gib": _r(host.bytes / GiB, 3) if host else 0.0}
@@ -141,7 +146,7 @@ def _verdict(sim: Simulation) -> dict[str, Any]:
 
 
 def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any = None) -> dict[str, Any]:
-    """The ``vime.simulate/1.1`` document (module docstring); identical for identical inputs and seed,
+    """The ``vime.simulate/1.2`` document (module docstring); identical for identical inputs and seed,
     apart from ``wall_s`` (left out with `deterministic`). With `calls` (a `vime.report.calls.CallLog`
     that watched the run, ``--record-calls``) start-up and every step carry their ``calls``."""
     hw, model = sim.backends.hardware, sim.backends.model

@@ -101,7 +101,8 @@ class Screen:
         cap = int(self.hw.memory_bytes)
         worst = max(range(len(state["params"])), key=lambda i: sum(v[i] for v in state.values()))
         held = {tag: v[worst] for tag, v in state.items()}
-        act = cm.activation_bytes(self.shortest, [self.shortest]) if self.shortest else 0
+        act = (cm.activation_bytes(self.shortest, [self.shortest]) + cm.loss_transient_bytes(self.shortest)
+               if self.shortest else 0)
         need = ctx + sum(held.values()) + act
         if need <= cap:
             return ""

@@ -180,7 +180,7 @@ class SimTrainer(ActorCostModel):
                 lengths = [rank_batch.total_lengths[i] for i in mb]
                 tokens = sum(lengths)
                 if backward:
-                    nbytes = self.activation_bytes(tokens, lengths) * inflight
+                    nbytes = self.activation_bytes(tokens, lengths) * inflight + self.loss_transient_bytes(tokens)
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
                 sizes = dict.fromkeys(positions, nbytes)

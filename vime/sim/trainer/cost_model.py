@@ -21,6 +21,7 @@ from vime.sim.trainer.footprint import (
     PARAM_BYTES,
     TAG_CONTEXT,
     grad_bytes,
+    loss_transient_bytes,
     optimizer_transient_bytes,
     rope_bytes,
     score_bytes,
@@ -132,7 +133,8 @@ class ActorCostModel:
         plan = {TAG_CONTEXT: trainer_context_bytes(self.hw)}
         plan.update({tag: max(sizes) for tag, sizes in state.items()})
         # The optimizer step's temporaries come after the activations are freed: the larger of the two.
-        plan["activations"] = max(self.activation_bytes(microbatch_tokens, lengths) * self.layout.pp,  # ≤ PP in flight
+        plan["activations"] = max(self.activation_bytes(microbatch_tokens, lengths) * self.layout.pp  # ≤ PP in flight
+                                  + self.loss_transient_bytes(microbatch_tokens),
                                   max(self.optimizer_transient_per_gpu(), default=0))
         plan["total"] = sum(plan.values())
         return plan
@@ -159,6 +161,11 @@ class ActorCostModel:
         extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
                  + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
         return int((per_token * tokens + extra) / lay.cp)
+
+    def loss_transient_bytes(self, tokens: int) -> int:
+        """What the policy loss of a training micro-batch of `tokens` tokens allocates for a moment on top of
+        its activations (`footprint.loss_transient_bytes`; once per stage, not per in-flight micro-batch)."""
+        return int(loss_transient_bytes(self.model, tokens, self.layout.tp, self.layout.cp))
 
     def checkpoint_bytes(self) -> int:
         """Bytes of one checkpoint: the bf16 model once plus the Adam state once (not per replica)."""

@@ -32,6 +32,11 @@ TORCH_ADAMW_BF16_GRAD_COPY_BYTES = 4
 #: Unfused core attention keeps for the backward, per score element, the fp32 softmax output (4)
 #: and the bf16 probs the bmm saves (2).
 UNFUSED_SCORE_KEPT_BYTES = 6
+#: vime's policy loss (vime/real/megatron/loss.py) takes the entropy of the fp32 logits before its cross-entropy:
+#: the shifted logits, their exp and the product of the two, three fp32 tensors the size of the logits alive on
+#: top of everything the forward kept (bytes per logit element; the sixth H200 lease's 0.6B ran out of memory
+#: allocating the product at 8448 tokens a micro-batch, bench/data/h200_notes.md).
+ENTROPY_TRANSIENT_BYTES = 3 * 4
 
 
 def trainer_context_bytes(hw: HardwareSpec) -> int:
@@ -80,6 +85,13 @@ def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: 
     kept = (model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES
             + layers * (3 * per_token * tokens + mask))
     return kept / layers if recompute == "full" else kept
+
+
+def loss_transient_bytes(model: ModelSpec, tokens: int, tp: int = 1, cp: int = 1) -> float:
+    """What the training loss allocates for a moment on the last stage beyond what the forward keeps (the
+    logits and their fp32 copy, `ModelSpec.logits_bytes_per_token`): the entropy's temporaries over this
+    rank's vocabulary slice for the micro-batch's `tokens` (split over CP). A log-prob forward takes no entropy."""
+    return ENTROPY_TRANSIENT_BYTES * model.vocab_size / tp * tokens / cp
 
 
 def rope_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], pp: int = 1,
