@@ -200,6 +200,9 @@ RUN_SPECS = {
         "MBS": "4", "RESPONSE_LEN": "512", "NUM_ROLLOUT": "4"}),
     "qwen3-4b-cumem-1g_mbs2_b8_2026-12-03s10": ("qwen3-4b", "cumem", {
         "MBS": "2", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--rollout-batch-size 8"}),
+    # the sixth lease (2026-12-03, host.json beside each run), predicted on eaf8fc1 before it ran; nothing fitted on it
+    "qwen3-4b-cumem-1g_mbs2_2026-12-03s11": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-0.6b-cumem-1g_2026-12-03s11": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
 }
 
 
@@ -294,9 +297,10 @@ FRONTEND_RUN = "qwen3-4b-cumem-1g_mbs2_2026-12-02s8"
 FRONTEND_RUNS = (FRONTEND_RUN, "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 #: The runs with vLLM's /metrics (the fourth lease), FRONTEND_RUN first.
 METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
-#: runs with /metrics that no fit read: the blind MoE run and the fifth lease's (256 requests each)
+#: runs with /metrics that no fit read: the blind MoE run and the fifth and sixth leases' (256 requests each)
 HELD_OUT_METRICS_RUNS = ("qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8", "qwen3-4b-cumem-1g_mbs2_2026-12-03s10",
-                         "qwen3-0.6b-cumem-1g_2026-12-03s10", "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_n4_2026-12-03s10")
+                         "qwen3-0.6b-cumem-1g_2026-12-03s10", "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_n4_2026-12-03s10",
+                         "qwen3-4b-cumem-1g_mbs2_2026-12-03s11", "qwen3-0.6b-cumem-1g_2026-12-03s11")
 
 
 def _later_steps(run: str) -> list[dict]:
