@@ -275,7 +275,7 @@ def _verdict_banner(doc: dict[str, Any], measured: bool) -> str:
 
 
 def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | None = None) -> str:
-    """The page of one run: `doc` is its document (``vime.simulate/1.1`` or later or ``vime.train/1``), `recorder` what it
+    """The page of one run: `doc` is its document (``vime.simulate/1.x`` or ``vime.train/1``), `recorder` what it
     recorded; `trace_href` links the Perfetto trace written beside the page."""
     doc = with_bands(doc)  # a simulation's uncertainty, where the phase table and chart draw bands
     cfg = doc.get("config", {})
