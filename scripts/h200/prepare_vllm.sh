@@ -5,7 +5,7 @@
 # site-packages tree, drop FlashAttention-2's kernels (190 MB; on Hopper vLLM uses FA3, and FA2 is
 # imported optionally), add a stub `ray` (vLLM's IPC weight-transfer module imports ray at the top
 # but only uses it for trainer-side Ray sends), compress with zstd (level 12, 128 MiB window: 140 MB
-# from 463 MB; xz was too slow on 2 shared cores), split into 42 MiB parts (a call carries 64 MiB with the working tree) + SHA256SUMS. The device
+# from 463 MB; xz was too slow on 2 shared cores), split into parts that fit a call beside the working tree (scripts/h200_train/parts.sh budget) + SHA256SUMS. The device
 # decompresses with its zstd binary or the python zstandard wheel carried in .whl/.
 #   bash scripts/h200/prepare_vllm.sh            -> .gpu/parts/part-aa ... and .gpu/parts/SHA256SUMS
 # Then ship the parts with scripts/h200/ship_part.sh and run scripts/h200/vllm_run.sh (see there).
@@ -42,7 +42,7 @@ def get(*args, **kwargs):
     raise RuntimeError("ray is not installed on this machine (vime stub)")
 PY
 rm -f $G/parts/part-* $G/parts/SHA256SUMS
-tar cf - -C $G/vllm-site site | zstd -12 -T2 --long=27 -q | split -b 42m - $G/parts/part-
+tar cf - -C $G/vllm-site site | zstd -12 -T2 --long=27 -q | split -b $(bash scripts/h200_train/parts.sh budget) - $G/parts/part-
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 -q -d .whl zstandard==0.25.0
 (cd $G/parts && sha256sum part-* > SHA256SUMS && cat SHA256SUMS)

@@ -35,6 +35,10 @@ if [ "${1:-}" = "--list" ]; then printf '%s\n' "${EXTRA_REQS[@]}"; exit 0; fi
 if [ "${FORCE_VLLM:-0}" = 1 ] || ! (cd .gpu/parts 2>/dev/null && sha256sum --quiet -c SHA256SUMS); then
   bash scripts/h200/prepare_vllm.sh
 fi
+# a working tree grown since the parts were cut: cut them again (no recompression)
+if [ -n "$(find .gpu/parts -name 'part-*' -size +$(( $(bash scripts/h200_train/parts.sh budget) / 1024 ))k)" ]; then
+  bash scripts/h200_train/parts.sh resplit .gpu/parts part SHA256SUMS >/dev/null
+fi
 
 # 2. the rest ---------------------------------------------------------------------------------------
 P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"

@@ -158,6 +158,8 @@ run() {
   # The host's single-thread speed, on a quiet machine before the samplers start: host-bound phases moved
   # 20-40 % between leases of one device kind (issue 17).
   python3 bench/host_probe.py --out "$R/host.json" > /dev/null 2>&1 || echo "host probe failed" >&2
+  # One probe proved noisy (1.8x on one host at load 1.2, the sixth lease): what else ran then, and a second probe after.
+  ps -eo pid,pcpu,rss,etime,comm --sort=-pcpu | head -12 > "$R/ps_before.txt"
   (while :; do
      t=$(date +%s.%N)
      nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
@@ -182,6 +184,8 @@ run() {
   set +o pipefail
   kill $sampler $procs $scraper 2>/dev/null
   echo "vime train exit $rc"
+  ps -eo pid,pcpu,rss,etime,comm --sort=-pcpu | head -12 > "$R/ps_after.txt"
+  python3 bench/host_probe.py --out "$R/host_after.json" > /dev/null 2>&1 || echo "host probe failed" >&2
   python3 -m vime.cli simulate "${ARGS[@]}" > "$R/sim.json" || echo "vime simulate failed"
   {
     echo "$TAG: vime train exit $rc"
