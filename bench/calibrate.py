@@ -638,6 +638,12 @@ def _spec(prof: dict):
     return hardware.HardwareSpec.from_dict(prof, origin="calibration fit")
 
 
+def gpu_step_overrides(hw) -> dict:
+    """The profile's measured GPU terms of vLLM's step (the attention's KV rate, the sampler), which the host
+    step's fit must see: fitting the CPU step under a different GPU time would move the CPU step."""
+    return {k: v for k, v in hw.engine_overrides().items() if k in ("kv_read_bytes_per_s", "sample_s_per_logit")}
+
+
 def _tp_of(run: dict) -> int:
     argv = run.get("server_argv") or []
     return int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
@@ -1008,7 +1014,8 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, flo
                                                   f"({prof['efficiency'].get(k, 'the default')})")
         return
     m = models.load_model(WORKLOAD_MODEL)
-    settings = engine.EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192)
+    settings = engine.EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192,
+                                     **gpu_step_overrides(_spec(prof)))
     im0 = engine.IterationModel.build(_spec(prof), m, settings)
 
     def errors(o: float, a: float, b: float) -> list[float]:

@@ -83,7 +83,10 @@ def load_raw(path: str, extra: tuple[str, ...] = EXTRA_RAW_FILES) -> dict:
 
 
 def _iter_model(hw: HardwareSpec, model: ModelSpec, **kw) -> IterationModel:
-    settings = EngineSettings(**{"max_model_len": 20480, "max_num_seqs": 256, "max_num_batched_tokens": 8192, **kw})
+    from calibrate import gpu_step_overrides  # noqa: PLC0415 - bench/calibrate.py, on the path below
+
+    settings = EngineSettings(**{"max_model_len": 20480, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+                                 **gpu_step_overrides(hw), **kw})
     return IterationModel.build(hw, model, settings)
 
 

@@ -31,7 +31,9 @@ from test_e2e_cpu import _missing, _tail
 
 pytestmark = [pytest.mark.vllm, pytest.mark.megatron, pytest.mark.slow]
 
-NUM_ROLLOUT = 8
+#: 10, not 8: with the policy a version behind, one full-suite run of 8 rollouts only began to learn at its 7th
+#: (0.136 → 0.426 at rollout 6, under the margin by 0.01; 2026-12-03); two more rollouts give the lag room.
+NUM_ROLLOUT = 10
 MARGIN = 0.3
 
 

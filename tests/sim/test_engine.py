@@ -245,10 +245,12 @@ def reference_finish_times(engine: SimEngine, reqs: list[tuple[str, int, int]]) 
     (64, 4, 256, 2048, 256),  # KV runs out: preemption by recompute
     (200, 5, 400, 2048, 256),
 ])
+@pytest.mark.parametrize("gpu_terms", [{}, {"kv_read_bytes_per_s": 4.45e12, "sample_s_per_logit": 8.08e-11}],
+                         ids=["calibrated", "measured-kv-rate-and-sampler"])
 def test_closed_form_matches_per_iteration_reference(n: int, seed: int, kv_blocks: int | None, budget: int,
-                                                     max_seqs: int) -> None:
+                                                     max_seqs: int, gpu_terms: dict) -> None:
     e = make_engine(model="Qwen3-0.6B", tp=1, spec="lognormal:5.5,1.0", seed=seed, kv_blocks=kv_blocks,
-                    max_num_batched_tokens=budget, max_num_seqs=max_seqs)
+                    max_num_batched_tokens=budget, max_num_seqs=max_seqs, **gpu_terms)
     rnd = random.Random(seed)
     prompts = [rnd.randint(20, 1500) for _ in range(n)]
     results, times = run_batch(e, prompts, 1024)
@@ -314,6 +316,31 @@ def test_iteration_time_roofline() -> None:
     assert prefill >= flops / 2 / (hw.bf16_flops * hw.efficiency.prefill_mfu)
     single = IterationModel.build(hw, m, EngineSettings(tp=1))
     assert single.allreduce_latency_s == 0 and cost.allreduce_latency_s > 0
+
+
+def test_a_measured_kv_rate_and_the_sampler_enter_the_gpu_step_by_hand() -> None:
+    """vLLM's attention reads the KV at its own rate and the sampler runs over the vocabulary for every scheduled
+    request after the forward (the H200 whole steps' /metrics, bench/fit_whole_step.py section 0): a decode step of
+    256 requests at 3000 tokens of context, by hand, and the closed form's lines agree with the step."""
+    from vime.sim.models import load_model
+
+    hw, m = load_hardware("H200-141G-measured"), load_model("Qwen3-0.6B")
+    plain = IterationModel.build(hw, m, EngineSettings())
+    rate, per_logit = 4.45e12, 8.08e-11
+    cost = IterationModel.build(hw, m, EngineSettings(kv_read_bytes_per_s=rate, sample_s_per_logit=per_logit))
+    n, ctx = 256, 256 * 3000
+    kv = m.kv_bytes_per_token(1) * ctx
+    # memory-bound: weights at the weight rate, the KV at the measured rate (not the streaming rate)
+    weights = m.weight_bytes(1) / hw.decode_weight_bytes_per_s
+    assert plain.gpu_time(n, ctx, ctx) == pytest.approx(plain.fixed(n) + weights + kv / hw.decode_bytes_per_s)
+    by_hand = cost.fixed(n) + n * m.vocab_size * per_logit + weights + kv / rate
+    assert cost.gpu_time(n, ctx, ctx) == pytest.approx(by_hand, rel=1e-12)
+    assert cost.time(n, ctx, ctx) == pytest.approx(max(by_hand, cost.host(n)), rel=1e-12)
+    c, m0, _, f0, _ = cost.decode_lines(n, ctx)
+    assert c + max(m0, f0) == pytest.approx(by_hand, rel=1e-12)
+    for bad in ({"kv_read_bytes_per_s": -1.0}, {"sample_s_per_logit": float("nan")}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            EngineSettings(**bad)
 
 
 # --------------------------------------------------------------------------------------------

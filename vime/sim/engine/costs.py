@@ -43,6 +43,7 @@ class IterationModel:
     """Per-iteration time of one engine (per GPU of its TP group, all ranks in lockstep).
 
     GPU time = overhead (+ eager launch cost past the CUDA-graph sizes) + all-reduce(tokens)
+    + the sampler (requests · vocabulary · sample_s_per_logit)
     + max(weights / weight rate + KV bytes read / KV rate, FLOPs / (TP · prefill FLOP/s)),
     KV bytes = kv_bytes_per_token · (context tokens read), and FLOPs = the body for
     every computed token, the output head once per scheduled request (vLLM computes logits only
@@ -79,6 +80,8 @@ class IterationModel:
     expert_bytes: float = 0.0  # routed-expert weights per rank (MoE), read where touched
     num_experts: int = 0
     top_k: int = 0
+    kv_bytes_per_s: float = 0.0  # the attention's KV read rate (0: bytes_per_s)
+    sample_s: float = 0.0  # the sampler per sampled position (vocabulary · sample_s_per_logit)
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
@@ -107,7 +110,8 @@ class IterationModel:
                    eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0) + a2a_s, lat,
                    model.lm_head_flops_per_token(), eff.host_step_s * host_scale, eff.host_step_per_seq_s * host_scale,
                    hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens,
-                   experts, model.num_experts, model.moe_top_k)
+                   experts, model.num_experts, model.moe_top_k, settings.kv_read_bytes_per_s,
+                   model.vocab_size * settings.sample_s_per_logit)
 
     def host(self, seqs: int) -> float:
         """The engine's CPU time of one step with `seqs` scheduled requests."""
@@ -129,10 +133,10 @@ class IterationModel:
     def gpu_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """The GPU's part of an iteration (what a bare PyTorch forward of the same shapes takes)."""
         seqs = tokens if seqs is None else seqs
-        mem = self._weights_s(tokens) + self.kv_bytes_per_token * kv_read_tokens / self.bytes_per_s
+        mem = self._weights_s(tokens) + self.kv_bytes_per_token * kv_read_tokens / (self.kv_bytes_per_s or self.bytes_per_s)
         comp = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) \
             / self.tp / self.flops_per_s
-        return self.fixed(tokens) + max(mem, comp)
+        return self.fixed(tokens) + self.sample_s * seqs + max(mem, comp)
 
     def time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """One iteration computing `tokens` tokens of `seqs` requests (None: one token each, decode),
@@ -149,12 +153,13 @@ class IterationModel:
     def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
         """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
         to ctx0 at j = 0 (the host floor is `host(n)`)."""
-        m0 = self._weights_s(n) + self.kv_bytes_per_token * ctx0 / self.bytes_per_s
-        m1 = self.kv_bytes_per_token * n / self.bytes_per_s
+        kv_rate = self.kv_bytes_per_s or self.bytes_per_s
+        m0 = self._weights_s(n) + self.kv_bytes_per_token * ctx0 / kv_rate
+        m1 = self.kv_bytes_per_token * n / kv_rate
         scale = 1.0 / (self.tp * self.flops_per_s)
         f0 = ((self.flops_base + self.flops_head) * n + self.flops_per_ctx * ctx0) * scale
         f1 = self.flops_per_ctx * n * scale
-        return self.fixed(n), m0, m1, f0, f1
+        return self.fixed(n) + self.sample_s * n, m0, m1, f0, f1
 
 
 def sum_max_of_lines(lines: Sequence[tuple[float, float]], k: int) -> float:

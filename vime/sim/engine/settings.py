@@ -102,6 +102,12 @@ class EngineSettings:
     pause_call_s: float = 0.0
     #: Time a failed server takes to come back (process start, weights load, graph capture); estimate.
     restart_s: float = 60.0
+    #: Rate at which the engine's paged attention reads the KV cache in a decode step (vLLM's FlashAttention
+    #: kernels), where a profile measured it apart from its streaming rate; 0: HBM × decode_bw_util.
+    kv_read_bytes_per_s: float = 0.0
+    #: GPU time of the sampler (log-probs, sampling) per vocabulary entry per sampled position, serial with
+    #: the forward: a decode step of n requests pays n · vocab · this; 0 where no profile measured it.
+    sample_s_per_logit: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -122,7 +128,7 @@ class EngineSettings:
             raise ConfigError(f"EngineSettings.sleep_backup_runtime must be 0 (vLLM 0.25.1: nothing copied at a level-2 "
                               f"sleep) or 1 (the seed's vLLM), got {self.sleep_backup_runtime!r}")
         for name in ("request_overhead_s", "response_per_request_s", "response_per_token_s", "first_update_s", "start_update_call_s",
-                     "finish_update_call_s"):
+                     "finish_update_call_s", "kv_read_bytes_per_s", "sample_s_per_logit"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")
