@@ -504,11 +504,11 @@ def _line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
 #: vLLM's decode steps that rise with their context (GPU-bound: the CPU step is under them), as (run, quarters of
 #: the response, requests): the 0.6B at 4096-token responses past its first quarter (the seventh lease) and the 4B
 #: of the fourth lease (8.4 us per token of context over its whole 1024). The fit's data; the rest are checks.
-GPU_STEP_FIT = (("qwen3-0.6b-cumem-1g_mbs1_r4096_n1_2026-12-03s12", (1, 2, 3), 256),
-                ("qwen3-4b-cumem-1g_mbs2_2026-12-02s8", (0, 1, 2, 3), 256))
+GPU_STEP_FIT = (("qwen3-0.6b-cumem-1g_mbs1_r4096_n1_2026-12-03s12", "qwen3-0.6b", (1, 2, 3), 256),
+                ("qwen3-4b-cumem-1g_mbs2_2026-12-02s8", "qwen3-4b", (0, 1, 2, 3), 256))
 #: Held out: the sixth lease's 0.6B at 4096 tokens (another host; its last half GPU-bound) and the 4B at 64 requests.
-GPU_STEP_HELD_OUT = (("qwen3-0.6b-cumem-1g_mbs2_r4096_n1_2026-12-03s11", (2, 3), 256),
-                     ("qwen3-4b-cumem-1g_mbs2_b8_2026-12-03s10", (3,), 64))
+GPU_STEP_HELD_OUT = (("qwen3-0.6b-cumem-1g_mbs2_r4096_n1_2026-12-03s11", "qwen3-0.6b", (2, 3), 256),
+                     ("qwen3-4b-cumem-1g_mbs2_b8_2026-12-03s10", "qwen3-4b", (3,), 64))
 
 
 def _quarters(run: str, batch: int) -> list[tuple[int, float, float]]:
@@ -534,11 +534,11 @@ def gpu_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
 
     def rows(spec: tuple) -> list[tuple[str, int, float, float, float, float]]:
         out = []
-        for run, keep, batch in spec:
-            model = model_of(RUN_SPECS.get(run, ("qwen3-0.6b" if "0.6b" in run else "qwen3-4b",))[0])
+        for run, name, keep, batch in spec:
+            model = model_of(name)
             im = IterationModel.build(hw, model, EngineSettings())
             for q, ctx, step in _quarters(run, batch):
-                if q in keep:
+                if q in keep:  # the memory side only: where the step rises with its context, the reads bound it
                     out.append((run, q, step - im.fixed(batch) - im._weights_s(batch),
                                 batch * ctx * model.kv_bytes_per_token(), batch * model.vocab_size, step))
         return out
