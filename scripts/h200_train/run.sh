@@ -140,7 +140,8 @@ print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version
   vllm-router --help >/dev/null || { echo "vllm-router does not run"; return 6; }
   # The GPU unit tests (one in-process Megatron rank with the CuMem allocator, the allocator, IPC export):
   # minutes cheaper to fail here than inside the run. No -x: one failing case must not hide the others (2026-12-02).
-  timeout 240 python3 -m pytest -c scripts/h200/pytest-gpu.ini --rootdir . -m gpu -q \
+  # PREP_TESTS=0 leaves them out (a machine lost mid-lease: they passed on it minutes before)
+  [ "${PREP_TESTS:-1}" = 0 ] || timeout 240 python3 -m pytest -c scripts/h200/pytest-gpu.ini --rootdir . -m gpu -q \
     tests/real/megatron/test_megatron_actor_gpu.py tests/real/test_cumem_gpu.py tests/real/test_ipc_weights_gpu.py \
     2>&1 | tail -15
   run_args $MODEL_DIR $PROMPTS
