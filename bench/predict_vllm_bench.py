@@ -16,7 +16,16 @@ so the run says which one holds on its host:
 Every row also carries the flat part's step (the mean decode iteration, engine only), which vLLM's own
 /metrics of a whole step can be set beside.
 
-    python bench/predict_vllm_bench.py --preset qwen3-0.6b --out bench/data/predicted_vllm_bench_06b_2026-12-03s13.json
+    python bench/predict_vllm_bench.py --preset qwen3-0.6b --out bench/data/vllm_bench_s13/predicted_06b.json
+    python bench/predict_vllm_bench.py --compare bench/data/vllm_bench_s13/predicted_06b.json \
+        bench/data/vllm_bench_s13/vllm_06b_host1.json [more runs]   # measured vs each hypothesis, error %
+    python bench/predict_vllm_bench.py --fit bench/data/vllm_bench_s13/vllm_06b_host*.json   # the lockstep fit
+
+The lockstep fit: a decode row of B requests × n tokens (all finish together) takes
+(n − 1) · a + B · n · k + B · r0: a step's fixed part, a cost per request and token, one per response. The
+CPU step's per-request part and the API server's per-token building of the responses both scale as B · n in
+such a grid, so no wall-clock grid of lockstep requests can tell them apart — only k, their sum, is measured
+(a whole step's first and last response times split it).
 """
 
 from __future__ import annotations
@@ -80,11 +89,87 @@ def predict(profile: dict, model, grid: list[tuple[int, int]], prefill_lens: lis
     return {"wall_s": rows, "mean_decode_step_s": steps}
 
 
+def measured_rows(run: dict) -> dict[str, float]:
+    """A vllm_bench.py result as the prediction's row names -> seconds (prefill: the median of its repeats)."""
+    ph = run["phases"]
+    rows = {"lone request, 16 tokens, max_tokens 1": ph["frontend"]["summary"]["gen1_s"]["median"]}
+    for r in ph.get("decode", []):
+        rows[f"generate B={r['batch']} x {r['max_tokens']} tokens"] = r["wall_s"]
+    for n in sorted({r["prompt_len"] for r in ph.get("prefill", [])}):
+        walls = sorted(r["wall_s"] for r in ph["prefill"] if r["prompt_len"] == n)
+        rows[f"prefill {n} tokens, max_tokens 1"] = walls[len(walls) // 2]
+    return rows
+
+
+def lockstep_fit(run: dict, fixed_s: float = 0.02) -> dict[str, float]:
+    """(a, k, r0) of the module docstring's lockstep model, relative least squares over `run`'s decode rows
+    (each less `fixed_s`: the prefill and the front end), and the largest relative error of the fit."""
+    import numpy as np  # noqa: PLC0415 - only this analysis needs it
+
+    rows = run.get("phases", {}).get("decode", [])
+    if len({(r["batch"], r["max_tokens"]) for r in rows}) < 3:
+        raise ValueError(f"{len(rows)} decode rows: the lockstep fit needs 3 shapes at least (a run with --skip-decode?)")
+    a = np.array([[r["max_tokens"] - 1, r["batch"] * r["max_tokens"], r["batch"]] for r in rows], float)
+    y = np.array([r["wall_s"] - fixed_s for r in rows])
+    x, *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
+    return {"step_s": float(x[0]), "per_request_token_s": float(x[1]), "per_response_s": float(x[2]),
+            "max_error": float(np.max(np.abs(a @ x - y) / y))}
+
+
+def compare(pred_path: str, run_paths: list[str]) -> int:
+    pred = json.loads(Path(pred_path).read_text())
+    names = list(pred["hypotheses"])
+    for path in run_paths:
+        meas = measured_rows(json.loads(Path(path).read_text()))
+        print(f"--- {path} against {pred_path} (predicted at {pred['commit']}); error % = (predicted - measured) / measured")
+        print(f"{'row':40s} {'measured':>9s} " + " ".join(f"{n[:21]:>21s}" for n in names))
+        errs: dict[str, list[float]] = {n: [] for n in names}
+        for row, m in meas.items():
+            cells = []
+            for n in names:
+                p = pred["hypotheses"][n]["wall_s"].get(row)
+                if p is None:
+                    cells.append(f"{'-':>21s}")
+                    continue
+                e = 100 * (p - m) / m
+                errs[n].append(abs(e))
+                cells.append(f"{p:12.4f} {e:+7.1f} %")
+            print(f"{row:40s} {m:9.4f} " + " ".join(cells))
+        print(f"{'largest |error|':50s} " + " ".join(f"{max(errs[n]):19.1f} %" for n in names))
+        fits = {"measured": lockstep_fit(json.loads(Path(path).read_text()))}
+        for n in names:  # the same fit of each hypothesis's rows: where the model's k stands
+            walls = pred["hypotheses"][n]["wall_s"]
+            fits[n] = lockstep_fit({"phases": {"decode": [
+                {"batch": b, "max_tokens": t, "wall_s": walls[f"generate B={b} x {t} tokens"]} for b, t in pred["grid"]]}})
+        print("lockstep fit (step ms, per request and token us): " + ", ".join(
+            f"{n} {1e3 * f['step_s']:.2f} / {1e6 * f['per_request_token_s']:.1f}" for n, f in fits.items()))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", required=True, help="vllm_bench.py's --preset (qwen3-0.6b, qwen3-4b)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--preset", help="vllm_bench.py's --preset (qwen3-0.6b, qwen3-4b)")
+    ap.add_argument("--out", help="write the predictions here")
+    ap.add_argument("--compare", nargs="+", metavar=("PREDICTED", "RUN"),
+                    help="a predictions file, then vllm_bench.py results: measured vs each hypothesis")
+    ap.add_argument("--fit", nargs="+", metavar="RUN", help="vllm_bench.py results: the lockstep fit of each")
     args = ap.parse_args()
+    if args.fit:
+        for path in args.fit:
+            try:
+                f = lockstep_fit(json.loads(Path(path).read_text()))
+            except ValueError as e:
+                print(f"{path}: {e}")
+                continue
+            print(f"{path}: step {1e3 * f['step_s']:.2f} ms, per request and token {1e6 * f['per_request_token_s']:.1f} us, "
+                  f"per response {1e3 * f['per_response_s']:+.2f} ms (largest error {100 * f['max_error']:.1f} %)")
+        return 0
+    if args.compare:
+        if len(args.compare) < 2:
+            ap.error("--compare takes a predictions file and at least one vllm_bench.py result")
+        return compare(args.compare[0], args.compare[1:])
+    if not (args.preset and args.out):
+        ap.error("--preset and --out (or --compare)")
     import vllm_bench  # noqa: PLC0415 - scripts/h200: its grid, as the run will use it
     from fit_whole_step import model_of  # noqa: PLC0415
 

@@ -42,3 +42,30 @@ def test_host_probe_refuses_an_unwritable_out(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench/host_probe.py"), "--out", str(tmp_path / "no" / "h.json")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def test_lockstep_fit_recovers_its_three_terms_and_refuses_too_few_shapes() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from predict_vllm_bench import lockstep_fit
+
+    a, k, r0 = 2.5e-3, 62e-6, 1.5e-3
+    grid = [(1, 256), (16, 256), (64, 256), (128, 256), (256, 256), (64, 1024), (256, 1024)]
+    run = {"phases": {"decode": [{"batch": b, "max_tokens": n, "wall_s": 0.02 + (n - 1) * a + b * n * k + b * r0}
+                                 for b, n in grid]}}
+    fit = lockstep_fit(run)
+    assert fit["step_s"] == pytest.approx(a, rel=1e-6)
+    assert fit["per_request_token_s"] == pytest.approx(k, rel=1e-6)
+    assert fit["per_response_s"] == pytest.approx(r0, rel=1e-6)
+    assert fit["max_error"] < 1e-9
+    with pytest.raises(ValueError, match="3 shapes"):
+        lockstep_fit({"phases": {"decode": run["phases"]["decode"][:2]}})
+
+
+def test_vllm_bench_predictions_compare_with_the_committed_runs() -> None:
+    data = ROOT / "bench/data/vllm_bench_s13"
+    out = subprocess.run([sys.executable, str(ROOT / "bench/predict_vllm_bench.py"), "--compare",
+                          str(data / "predicted_06b.json"), str(data / "vllm_06b_host1.json"),
+                          str(data / "vllm_06b_host2.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("largest |error|") == 2 and out.stdout.count("lockstep fit") == 2
+    assert "generate B=256 x 1024 tokens" in out.stdout
