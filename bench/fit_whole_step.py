@@ -206,6 +206,11 @@ RUN_SPECS = {
     # the seventh lease, predicted on 3ebe948's parent before it ran; nothing fitted on it
     "qwen3-4b-cumem-1g_mbs2_n2_2026-12-03s12": ("qwen3-4b", "cumem", {"MBS": "2", "NUM_ROLLOUT": "2"}),
     "qwen3-0.6b-cumem-1g_2026-12-03s12": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    # the eighth lease (a second machine: the first was lost; a vLLM-alone 0.6B bench ran beside these on it),
+    # the b8 run predicted on 76e03f6, the other on 3ebe948's parent, both before they ran; nothing fitted on them
+    "qwen3-0.6b-cumem-1g-mbs8_2026-12-03s13": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    "qwen3-0.6b-cumem-1g-mbs8-b8_2026-12-03s13": ("qwen3-0.6b", "cumem", {
+        "MBS": "8", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--rollout-batch-size 8"}),
 }
 
 
@@ -304,7 +309,8 @@ METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b
 HELD_OUT_METRICS_RUNS = ("qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8", "qwen3-4b-cumem-1g_mbs2_2026-12-03s10",
                          "qwen3-0.6b-cumem-1g_2026-12-03s10", "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_n4_2026-12-03s10",
                          "qwen3-4b-cumem-1g_mbs2_2026-12-03s11", "qwen3-0.6b-cumem-1g_2026-12-03s11",
-                         "qwen3-4b-cumem-1g_mbs2_n2_2026-12-03s12", "qwen3-0.6b-cumem-1g_2026-12-03s12")
+                         "qwen3-4b-cumem-1g_mbs2_n2_2026-12-03s12", "qwen3-0.6b-cumem-1g_2026-12-03s12",
+                         "qwen3-0.6b-cumem-1g-mbs8_2026-12-03s13")
 
 
 def _later_steps(run: str) -> list[dict]:
