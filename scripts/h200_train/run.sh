@@ -21,6 +21,7 @@
 #   MBS         --micro-batch-size (default 2 for qwen3-4b, else 8: 4 x 1152 tokens of the 4B model ran out of
 #               memory on the H200 in the first lease, and with fp32 grads and the process memory the simulator says so)
 #   RESPONSE_LEN (default 1024): the response cap, which every response reaches (no EOS)
+#   QUIET       1: no nvidia-smi or /metrics sampling during the run (no memory comparison then)
 #   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
 #   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
 # Output ($OUT): $TAG.txt (compare's table and the run's last log lines) and $TAG.tgz with train.jsonl (the
@@ -161,37 +162,44 @@ run() {
   python3 bench/host_probe.py --out "$R/host.json" > /dev/null 2>&1 || echo "host probe failed" >&2
   # One probe proved noisy (1.8x on one host at load 1.2, the sixth lease): what else ran then, and a second probe after.
   ps -eo pid,pcpu,rss,etime,comm --sort=-pcpu | head -12 > "$R/ps_before.txt"
+  # QUIET=1: none of the three samplers below (nvidia-smi twice a second, twice; /metrics four times a second): the
+  # A/B test of whether they slow vLLM's host-bound step inside a whole step (h200_notes.md, thirteenth session)
+  local sampler= procs= scraper=
+  if [ "${QUIET:-0}" != 1 ]; then
   (while :; do
      t=$(date +%s.%N)
      nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
      sleep 0.5
    done) > "$R/gpu_mem.csv" 2>/dev/null &
-  local sampler=$!
+  sampler=$!
   # Per process (epoch,pid,used MiB): the trainer's resident bytes apart from the engine's (issue 25).
   (while :; do
      t=$(date +%s.%N)
      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | sed "s/^/$t,/; s/, /,/g"
      sleep 0.5
    done) > "$R/gpu_procs.csv" 2>/dev/null &
-  local procs=$!
+  procs=$!
   # vLLM's own counters (decode iteration time, requests running) beside the client's view of the rollout (issue 17).
   python3 scripts/h200_train/scrape_metrics.py "$R/train.jsonl" "$R/vllm_metrics.jsonl" 2>"$R/scrape.err" &
-  local scraper=$!
+  scraper=$!
+  fi
   echo "+ vime train --backend real ${TRAIN_ARGS[*]} ${TRAIN_ONLY[*]}" | tee "$R/command.txt"
   set -o pipefail
   timeout -k 30 "${TRAIN_TIMEOUT:-520}" python3 -m vime.cli train --backend real "${TRAIN_ARGS[@]}" "${TRAIN_ONLY[@]}" \
      2> "$R/train_stderr.log" | python3 scripts/h200_train/compare.py stamp | tee "$R/train.jsonl"
   local rc=$?
   set +o pipefail
-  kill $sampler $procs $scraper 2>/dev/null
+  [ -z "$sampler$procs$scraper" ] || kill $sampler $procs $scraper 2>/dev/null
   echo "vime train exit $rc"
   ps -eo pid,pcpu,rss,etime,comm --sort=-pcpu | head -12 > "$R/ps_after.txt"
   python3 bench/host_probe.py --out "$R/host_after.json" > /dev/null 2>&1 || echo "host probe failed" >&2
   python3 -m vime.cli simulate "${ARGS[@]}" > "$R/sim.json" || echo "vime simulate failed"
   {
     echo "$TAG: vime train exit $rc"
+    local mem=()
+    [ -f "$R/gpu_mem.csv" ] && mem=(--mem "$R/gpu_mem.csv")  # QUIET=1 runs sample no memory
     python3 scripts/h200_train/compare.py compare --train "$R/train.jsonl" --sim "$R/sim.json" \
-      --mem "$R/gpu_mem.csv" --out "$R/compare.json"
+      "${mem[@]}" --out "$R/compare.json"
     echo "--- last lines of train_stderr.log"
     grep -v "^\s*$" "$R/train_stderr.log" | tail -n 40
   } > "$OUT/$TAG.txt" 2>&1
