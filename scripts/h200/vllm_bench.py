@@ -247,21 +247,25 @@ def summary(xs: list[float]) -> dict:
             "max": max(xs), "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
 
-def prefix_cache_counters(metrics_text: str) -> dict[str, float]:
-    """Sum of every Prometheus sample whose name has prefix_cache_hits / prefix_cache_queries."""
-    out = {"hits": 0.0, "queries": 0.0}
+def _samples(metrics_text: str):
+    """(name, value) of every Prometheus sample in a /metrics text (comments and unreadable values skipped)."""
     for line in metrics_text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if not name.endswith(("_total", "_hits", "_queries")):
+        try:
+            yield line.split("{", 1)[0].split(" ", 1)[0], float(line.rsplit(" ", 1)[1])
+        except (ValueError, IndexError):
             continue
-        for key in out:
-            if f"prefix_cache_{key}" in name:
-                try:
-                    out[key] += float(line.rsplit(" ", 1)[1])
-                except ValueError:
-                    pass
+
+
+def prefix_cache_counters(metrics_text: str) -> dict[str, float]:
+    """Sum of every Prometheus sample whose name has prefix_cache_hits / prefix_cache_queries."""
+    out = {"hits": 0.0, "queries": 0.0}
+    for name, value in _samples(metrics_text):
+        if name.endswith(("_total", "_hits", "_queries")):
+            for key in out:
+                if f"prefix_cache_{key}" in name:
+                    out[key] += value
     return out
 
 
@@ -269,18 +273,11 @@ def latency_counters(metrics_text: str) -> dict[str, float]:
     """vLLM's inter-token latency histogram, summed over its label sets: its sum (s) and count (tokens). The
     difference across a decode row gives the engine's mean step, which the row's wall time mixes with the API
     server's building of the responses (bench/predict_vllm_bench.py: the lockstep fit cannot split them)."""
+    keys = {"vllm:inter_token_latency_seconds_sum": "itl_sum", "vllm:inter_token_latency_seconds_count": "itl_count"}
     out = {"itl_sum": 0.0, "itl_count": 0.0}
-    for line in metrics_text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        key = {"vllm:inter_token_latency_seconds_sum": "itl_sum",
-               "vllm:inter_token_latency_seconds_count": "itl_count"}.get(name)
-        if key:
-            try:
-                out[key] += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                pass
+    for name, value in _samples(metrics_text):
+        if name in keys:
+            out[keys[name]] += value
     return out
 
 
