@@ -638,13 +638,13 @@ async def run(args) -> dict:
             reqs = [GenerateRequest(token_ids=prompt(prompt_len), sampling_params=sp) for _ in range(b)]
             before = await metrics_counters(spec.url)
             done: list[float] = []
+            t = time.perf_counter()
 
             async def one(r):
                 o = await (via or eng).generate(r)
                 done.append(time.perf_counter() - t)  # when this response reached the client
                 return o
 
-            t = time.perf_counter()
             outs = await asyncio.gather(*(one(r) for r in reqs))
             wall = time.perf_counter() - t
             after = await metrics_counters(spec.url)

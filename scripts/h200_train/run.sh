@@ -22,6 +22,7 @@
 #               memory on the H200 in the first lease, and with fp32 grads and the process memory the simulator says so)
 #   RESPONSE_LEN (default 1024): the response cap, which every response reaches (no EOS)
 #   QUIET       1: no nvidia-smi or /metrics sampling during the run (no memory comparison then)
+#   PREP_TESTS  0: prep without the GPU unit tests (a machine re-prepared mid-lease)
 #   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
 #   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
 # Output ($OUT): $TAG.txt (compare's table and the run's last log lines) and $TAG.tgz with train.jsonl (the
