@@ -54,6 +54,12 @@ HOSTS = {  # candidate CPU steps (efficiency fields), h200_notes.md twelfth sess
     "fast_host": {"host_step_s": 2.5e-3, "host_step_per_seq_s": 27e-6, "iteration_overhead_s": 0.0},
     "median_host": {"host_step_s": 3.85e-3, "host_step_per_seq_s": 30.4e-6, "iteration_overhead_s": 0.0},
 }
+#: The lockstep fit's k (CPU step per request + response building per token) at the fastest host measured,
+#: ~60 us, split as the s13 whole steps' first/last response times split it (h200_notes.md, thirteenth session).
+K_SPLIT = {"efficiency": {**HOSTS["fast_host"], "host_step_per_seq_s": 30e-6},
+           "engine": {"response_per_token_s": 30e-6}}
+#: The same without the fixed part of building a response: the benches' lockstep fits put it at 0 ± 3.6 ms (not 6.4).
+K_SPLIT_R0 = {"efficiency": K_SPLIT["efficiency"], "engine": {**K_SPLIT["engine"], "response_per_request_s": 0.0}}
 
 
 def hypotheses(profile: dict) -> dict[str, dict]:
@@ -68,13 +74,18 @@ def hypotheses(profile: dict) -> dict[str, dict]:
         p = copy.deepcopy(gpu)
         p["efficiency"].update(eff)
         out[f"gpu_terms+{name}"] = p
+    for name, change in (("k_split", K_SPLIT), ("k_split_r0", K_SPLIT_R0)):
+        p = copy.deepcopy(gpu)
+        for section, fields in change.items():
+            p[section].update(fields)
+        out[f"gpu_terms+{name}"] = p
     return out
 
 
 def predict(profile: dict, model, grid: list[tuple[int, int]], prefill_lens: list[int]) -> dict:
     hw = HardwareSpec.from_dict(profile, origin="hypothesis")
     im = _iter_model(hw, model)
-    s = EngineSettings(max_model_len=20480)
+    s = EngineSettings(max_model_len=20480, **hw.engine_overrides())
     fe = s.request_overhead_s
     rows = {"lone request, 16 tokens, max_tokens 1":
             im.first_time(16, 0, 16 * 17 / 2, seqs=1) + fe + s.response_seconds(1)}

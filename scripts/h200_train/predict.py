@@ -35,7 +35,20 @@ def run_args(gpus: str, model: str, offload: str, model_dir: Path, prompts: Path
     return out.stdout.splitlines()
 
 
-def predict(spec: str, work: Path) -> dict:
+def hypothesis_profile(name: str, work: Path) -> Path:
+    """The measured H200 profile under one of bench/predict_vllm_bench.py's hypotheses, as a file `--hardware` takes."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import predict_vllm_bench  # noqa: PLC0415 - the hypotheses the vLLM-alone predictions use
+
+    hyps = predict_vllm_bench.hypotheses(json.loads(predict_vllm_bench.PROFILE.read_text()))
+    if name not in hyps:
+        raise SystemExit(f"--hypothesis {name!r}: not one of {sorted(hyps)}")
+    path = work / f"hypothesis-{name}.json"
+    path.write_text(json.dumps(hyps[name]))
+    return path
+
+
+def predict(spec: str, work: Path, hardware: Path | None = None) -> dict:
     model, offload, gpus = spec.split(":")
     sys.path.insert(0, str(HERE))
     import seed_model  # noqa: PLC0415 - the script beside this one
@@ -58,6 +71,8 @@ def predict(spec: str, work: Path) -> dict:
         write_prompts(prompts, ToyTask(vocab_size=vocab, num_prompts=256, prompt_len=128))
     swap = {str(machine_dir / "config.json"): str(model_dir / "config.json"), str(machine_prompts): str(prompts)}
     local = [swap.get(a, a) for a in args]
+    if hardware is not None:  # the same run under a hypothesis profile
+        local[local.index("--hardware") + 1] = str(hardware)
     from vime.cli import main as vime_main
 
     buf = io.StringIO()
@@ -65,17 +80,23 @@ def predict(spec: str, work: Path) -> dict:
         rc = vime_main(["simulate", *local])
     doc = json.loads(buf.getvalue())
     doc.pop("wall_s", None)
-    return {"run": {"model": model, "offload": offload, "gpus": int(gpus)}, "simulate_args": args,
-            "exit_code": rc, "prediction": doc}
+    out = {"run": {"model": model, "offload": offload, "gpus": int(gpus)}, "simulate_args": args,
+           "exit_code": rc, "prediction": doc}
+    if hardware is not None:
+        out["hypothesis_profile"] = hardware.stem.removeprefix("hypothesis-")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="MODEL:OFFLOAD:GPUS, e.g. qwen3-4b:cumem:1")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--hypothesis", help="simulate on the H200 profile under this bench/predict_vllm_bench.py "
+                                         "hypothesis (e.g. gpu_terms+k_split) instead of the committed profile")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
-        doc = {f"{m}-{o}-{g}g": predict(f"{m}:{o}:{g}", Path(d)) for m, o, g in (r.split(":") for r in a.runs)}
+        hw = hypothesis_profile(a.hypothesis, Path(d)) if a.hypothesis else None
+        doc = {f"{m}-{o}-{g}g": predict(f"{m}:{o}:{g}", Path(d), hw) for m, o, g in (r.split(":") for r in a.runs)}
     Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     for tag, p in doc.items():
         s = p["prediction"]["summary"]
