@@ -211,6 +211,14 @@ RUN_SPECS = {
     "qwen3-0.6b-cumem-1g-mbs8_2026-12-03s13": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
     "qwen3-0.6b-cumem-1g-mbs8-b8_2026-12-03s13": ("qwen3-0.6b", "cumem", {
         "MBS": "8", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--rollout-batch-size 8"}),
+    # the ninth lease, one machine in this order (QUIET=1: no nvidia-smi or /metrics sampler), the b16 run predicted on
+    # 76e03f6, the others on 3ebe948's parent, all before they ran; nothing fitted on them
+    "qwen3-0.6b-cumem-1g-mbs8-quiet_2026-12-04s14": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s14": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    "qwen3-0.6b-cumem-1g-mbs8-b16_2026-12-04s14": ("qwen3-0.6b", "cumem", {
+        "MBS": "8", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--rollout-batch-size 16"}),
+    "qwen3-0.6b-cumem-1g-mbs8-quiet2_2026-12-04s14": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    "qwen3-0.6b-cumem-1g-mbs8-2_2026-12-04s14": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
 }
 
 
@@ -310,7 +318,8 @@ HELD_OUT_METRICS_RUNS = ("qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_2026-12-02s8", "qw
                          "qwen3-0.6b-cumem-1g_2026-12-03s10", "qwen3-30b-a3b-4l-cumem-1g_mbs4_r512_n4_2026-12-03s10",
                          "qwen3-4b-cumem-1g_mbs2_2026-12-03s11", "qwen3-0.6b-cumem-1g_2026-12-03s11",
                          "qwen3-4b-cumem-1g_mbs2_n2_2026-12-03s12", "qwen3-0.6b-cumem-1g_2026-12-03s12",
-                         "qwen3-0.6b-cumem-1g-mbs8_2026-12-03s13")
+                         "qwen3-0.6b-cumem-1g-mbs8_2026-12-03s13", "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s14",
+                         "qwen3-0.6b-cumem-1g-mbs8-2_2026-12-04s14")
 
 
 def _later_steps(run: str) -> list[dict]:
