@@ -998,7 +998,8 @@ def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response: tuple[f
     return t + engine.sum_max_of_lines(lines, new - 1) + batch * (per_request + new * per_token)
 
 
-def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, float] | None = None) -> None:
+def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, float] | None = None,
+              model=None) -> None:
     """iteration_overhead_s, host_step_s, host_step_per_seq_s: least squares of the relative error over the
     vLLM decode runs, each step max(GPU + overhead, host_s + per_seq · requests) (IterationModel), by a
     coarse-to-fine grid (deterministic). Least squares, not minimax: on the H200 runs the minimax is flat
@@ -1013,7 +1014,7 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, flo
             prof["sources"][f"efficiency.{k}"] = (f"not fitted: {label} has no decode runs; kept from the base preset "
                                                   f"({prof['efficiency'].get(k, 'the default')})")
         return
-    m = models.load_model(WORKLOAD_MODEL)
+    m = models.load_model(WORKLOAD_MODEL) if model is None else model  # the runs' model (the 4B unless given)
     settings = engine.EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192,
                                      **gpu_step_overrides(_spec(prof)))
     im0 = engine.IterationModel.build(_spec(prof), m, settings)

@@ -62,7 +62,47 @@ K_SPLIT = {"efficiency": {**HOSTS["fast_host"], "host_step_per_seq_s": 30e-6},
 K_SPLIT_R0 = {"efficiency": K_SPLIT["efficiency"], "engine": {**K_SPLIT["engine"], "response_per_request_s": 0.0}}
 
 
-def hypotheses(profile: dict) -> dict[str, dict]:
+#: The 0.6B vLLM-alone benches (host-bound at every batch: the CPU step shows whole), three hosts, two leases.
+BENCH_06B = ("vllm_bench_s13/vllm_06b_host1.json", "vllm_bench_s13/vllm_06b_host2.json", "vllm_bench_s14/vllm_06b_s14.json")
+#: Rows whose responses queue at the API server (below this batch the first-to-last spread is not one response per build:
+#: B=16 × 256 spread 0.86 ms per response on the ninth lease's bench, B ≥ 64 6.2–8.3 ms).
+RESPONSE_MIN_BATCH = 64
+
+
+def response_fit(runs: list[dict]) -> tuple[float, float]:
+    """(per response, per token) of the API server's building of a response, least squares over the bench rows that
+    record their first and last response times: (last − first) / (B − 1) against the response length, the fixed part
+    held ≥ 0 (a negative intercept refits through the origin)."""
+    pts = [((r["last_response_s"] - r["first_response_s"]) / (r["batch"] - 1), r["max_tokens"])
+           for run in runs for r in run["phases"]["decode"]
+           if "first_response_s" in r and r["batch"] >= RESPONSE_MIN_BATCH]
+    if len({n for _, n in pts}) < 2:
+        raise ValueError("the response fit needs rows of two lengths with first/last response times (vllm_bench.py ≥ aeedc2f)")
+    n = len(pts)
+    mx, my = sum(x for _, x in pts) / n, sum(y for y, _ in pts) / n
+    slope = sum((x - mx) * (y - my) for y, x in pts) / sum((x - mx) ** 2 for _, x in pts)
+    icpt = my - slope * mx
+    if icpt < 0:
+        icpt, slope = 0.0, sum(x * y for y, x in pts) / sum(x * x for _, x in pts)
+    return float(f"{icpt:.3g}"), float(f"{slope:.3g}")
+
+
+def bench_fit(gpu_profile: dict) -> dict:
+    """The committed profile with the GPU terms, its CPU step refitted on the 0.6B benches (all three hosts, least
+    squares) under the response building that the benches' own first/last response times give: a candidate profile."""
+    import calibrate  # noqa: PLC0415 - bench/calibrate.py: the CPU step's fit
+    from fit_whole_step import model_of  # noqa: PLC0415
+
+    runs = [json.loads((ROOT / "bench" / "data" / f).read_text()) for f in BENCH_06B]
+    response = response_fit(runs)
+    raw = {"phases": {"decode": [r for run in runs for r in run["phases"]["decode"]]}}
+    p = copy.deepcopy(gpu_profile)
+    calibrate._fit_host(p, raw, f"the 0.6B benches {', '.join(BENCH_06B)}", response, model=model_of("qwen3-0.6b"))
+    p["engine"].update({"response_per_request_s": response[0], "response_per_token_s": response[1]})
+    return p
+
+
+def hypotheses(profile: dict, with_fit: bool = False) -> dict[str, dict]:
     """Name -> profile dict, each a variant of the committed profile."""
     from fit_whole_step import gpu_step_terms  # noqa: PLC0415 - reads the whole-step runs in bench/data
 
@@ -79,6 +119,8 @@ def hypotheses(profile: dict) -> dict[str, dict]:
         for section, fields in change.items():
             p[section].update(fields)
         out[f"gpu_terms+{name}"] = p
+    if with_fit:
+        out["gpu_terms+bench_fit"] = bench_fit(gpu)
     return out
 
 
@@ -157,6 +199,63 @@ def compare(pred_path: str, run_paths: list[str]) -> int:
     return 0
 
 
+#: The 4B's one-GPU vLLM-alone benches (four on the first lease, one on the eighth): no fit here reads them.
+BENCH_4B = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
+            "h200_vllm_0.25.1_b2.json", "vllm_bench_s13/vllm_4b_host1.json")
+HELD_OUT_NAMES = ("profile", "gpu_terms+k_split", "gpu_terms+bench_fit")
+
+
+def held_out(out: Path) -> int:
+    """The candidate profiles against what no fit of theirs read: the 4B benches' decode rows and every whole step of
+    bench/fit_whole_step.py's RUN_SPECS (rollout and step, mean of the later steps). Writes `out` (JSON), prints a table."""
+    import statistics
+    import tempfile
+
+    import fit_whole_step  # noqa: PLC0415
+
+    hyps = hypotheses(json.loads(PROFILE.read_text()), with_fit=True)
+    hyps = {n: hyps[n] for n in HELD_OUT_NAMES}
+    model4 = fit_whole_step.model_of("qwen3-4b")
+    res: dict = {"bench_4b": {}, "whole_steps": {}}
+    for f in BENCH_4B:
+        run = json.loads((ROOT / "bench" / "data" / f).read_text())
+        grid = [(r["batch"], r["max_tokens"]) for r in run["phases"].get("decode", [])]
+        meas = {f"generate B={r['batch']} x {r['max_tokens']} tokens": r["wall_s"] for r in run["phases"].get("decode", [])}
+        preds = {n: predict(p, model4, grid, [])["wall_s"] for n, p in hyps.items()}
+        res["bench_4b"][f] = {row: {"measured": m, **{n: preds[n][row] for n in hyps}} for row, m in meas.items()}
+    with tempfile.TemporaryDirectory() as d:
+        for run in fit_whole_step.RUN_SPECS:
+            row = {}
+            for key in ("perf/rollout_time", "perf/step_time"):
+                row[key] = {"measured": fit_whole_step.measured(run, key)}
+            for n, p in hyps.items():
+                sim = fit_whole_step.simulate(run, p, Path(d))
+                for key in row:
+                    row[key][n] = sim[key]
+            res["whole_steps"][run] = row
+    out.write_text(json.dumps(res, indent=1) + "\n")
+
+    def err(p: float, m: float) -> float:
+        return 100 * (p - m) / m
+
+    print(f"{'held out':62s} " + " ".join(f"{n:>20s}" for n in hyps))
+    summary: dict[str, list[float]] = {n: [] for n in hyps}
+    for f, rows in res["bench_4b"].items():
+        for row, v in rows.items():
+            print(f"{f[:28] + ' ' + row:62s} " + " ".join(f"{err(v[n], v['measured']):+19.1f}%" for n in hyps))
+            for n in hyps:
+                summary[n].append(abs(err(v[n], v["measured"])))
+    for run, keys in res["whole_steps"].items():
+        for key, v in keys.items():
+            print(f"{run[:44] + ' ' + key.split('/')[1]:62s} " + " ".join(f"{err(v[n], v['measured']):+19.1f}%" for n in hyps))
+            for n in hyps:
+                summary[n].append(abs(err(v[n], v["measured"])))
+    print(f"{'median |error| over ' + str(len(summary['profile'])) + ' rows':62s} "
+          + " ".join(f"{statistics.median(summary[n]):19.1f}%" for n in hyps))
+    print(f"{'rows within 15 %':62s} " + " ".join(f"{sum(e <= 15 for e in summary[n]):20d}" for n in hyps))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", help="vllm_bench.py's --preset (qwen3-0.6b, qwen3-4b)")
@@ -164,7 +263,11 @@ def main() -> int:
     ap.add_argument("--compare", nargs="+", metavar=("PREDICTED", "RUN"),
                     help="a predictions file, then vllm_bench.py results: measured vs each hypothesis")
     ap.add_argument("--fit", nargs="+", metavar="RUN", help="vllm_bench.py results: the lockstep fit of each")
+    ap.add_argument("--held-out", metavar="OUT", help="the committed profile, k_split and the bench fit against the 4B "
+                                                      "benches and every whole step (none fitted on them); JSON to OUT")
     args = ap.parse_args()
+    if args.held_out:
+        return held_out(Path(args.held_out))
     if args.fit:
         for path in args.fit:
             try:

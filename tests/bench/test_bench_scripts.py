@@ -69,3 +69,23 @@ def test_vllm_bench_predictions_compare_with_the_committed_runs() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("largest |error|") == 2 and out.stdout.count("lockstep fit") == 2
     assert "generate B=256 x 1024 tokens" in out.stdout
+
+
+def _row(b: int, n: int, first: float, per_response: float) -> dict:
+    return {"batch": b, "max_tokens": n, "first_response_s": first, "last_response_s": first + (b - 1) * per_response}
+
+
+def test_response_fit_recovers_the_building_terms_and_skips_rows_that_do_not_queue() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from predict_vllm_bench import response_fit
+
+    r0, per_token = 1.2e-3, 31e-6
+    rows = [_row(b, n, 5.0, r0 + n * per_token) for b, n in ((64, 256), (256, 256), (64, 1024), (256, 1024))]
+    rows.append(_row(16, 256, 1.0, 1e-3))  # B=16: its spread is not one build per response, left out
+    assert response_fit([{"phases": {"decode": rows}}]) == (pytest.approx(r0, rel=1e-3), pytest.approx(per_token, rel=1e-3))
+    # a negative intercept is refitted through the origin: no response builds in negative time
+    neg = [_row(256, 256, 5.0, 6e-3), _row(256, 1024, 5.0, 34e-3)]
+    fixed, slope = response_fit([{"phases": {"decode": neg}}])
+    assert fixed == 0.0 and slope == pytest.approx((256 * 6e-3 + 1024 * 34e-3) / (256**2 + 1024**2), rel=1e-3)
+    with pytest.raises(ValueError, match="two lengths"):
+        response_fit([{"phases": {"decode": neg[:1]}}])
