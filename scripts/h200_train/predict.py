@@ -40,7 +40,8 @@ def hypothesis_profile(name: str, work: Path) -> Path:
     sys.path.insert(0, str(ROOT / "bench"))
     import predict_vllm_bench  # noqa: PLC0415 - the hypotheses the vLLM-alone predictions use
 
-    hyps = predict_vllm_bench.hypotheses(json.loads(predict_vllm_bench.PROFILE.read_text()))
+    hyps = predict_vllm_bench.hypotheses(json.loads(predict_vllm_bench.PROFILE.read_text()),
+                                         with_fit=name.endswith("bench_fit"))
     if name not in hyps:
         raise SystemExit(f"--hypothesis {name!r}: not one of {sorted(hyps)}")
     path = work / f"hypothesis-{name}.json"
