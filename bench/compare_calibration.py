@@ -164,7 +164,8 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
 
     # --- engine roofline vs the PyTorch decode / prefill workloads (no scheduler: overhead removed) -----
     m4 = load_model("Qwen3-4B")
-    im = _iter_model(hw, m4)
+    # torch loops, not vLLM: torch's attention and no sampler, so without the profile's vLLM GPU terms
+    im = IterationModel.build(hw, m4, EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192))
     for r in raw.get("decode", {}).get("rows", []):
         b, length = r["batch"], r["context"]
         pred = im.gpu_time(b, b * length, b * length) - im.overhead_s  # no scheduler: GPU part only

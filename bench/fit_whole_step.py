@@ -307,10 +307,9 @@ def process_terms(profile: dict) -> tuple[dict[str, int], list[str]]:
     return fitted, lines
 
 
-#: The whole step whose response spread fitted EngineSettings.response_per_token_s alone until 2026-12-02 (session 9).
+#: The whole step whose response spread fitted EngineSettings.response_per_token_s alone until 2026-12-02 (session 9);
+#: with the MoE r512 run its spreads fitted the response's two terms until the fourteenth session (now the benches').
 FRONTEND_RUN = "qwen3-4b-cumem-1g_mbs2_2026-12-02s8"
-#: The whole steps whose spreads fit the response's building, per response and per token: 1024- and 512-token responses.
-FRONTEND_RUNS = (FRONTEND_RUN, "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 #: The runs with vLLM's /metrics (the fourth lease), FRONTEND_RUN first.
 METRICS_RUNS = (FRONTEND_RUN, "qwen3-0.6b-cumem-1g_2026-12-02s8", "qwen3-30b-a3b-4l-cumem-1g_mbs2_r512_2026-12-02s8")
 #: runs with /metrics that no fit read: the blind MoE run and the fifth and sixth leases' (256 requests each)
@@ -373,23 +372,22 @@ def lone_request_s() -> float:
 
 
 def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
-    """The API server's building of a response (per response and per token) from the spreads of FRONTEND_RUNS,
-    vLLM's step terms refitted with it, the front end's fixed latency from the lone request, the held-out checks."""
+    """The API server's building of a response (per response, per token) from the vLLM-alone benches' own first and
+    last response times, vLLM's CPU step refitted beside it on the 0.6B benches (host-bound at every batch, so the
+    per-request cost shows whole; the 4B's steps at 256 requests are GPU-bound and hide it), the front end's fixed
+    latency from the lone request; the whole steps' response spreads as held-out checks."""
     import calibrate  # bench/calibrate.py: the vLLM-alone decode fit
+    import predict_vllm_bench  # bench/predict_vllm_bench.py: the benches and the response fit
 
     from vime.sim.engine import EngineSettings, IterationModel
     from vime.sim.hardware import HardwareSpec
 
-    # one response of L tokens takes c + L·d: two lengths, two equations
-    (l1, y1), (l2, y2) = [(_later_steps(r)[0]["rollout/response_len/mean"],
-                           statistics.fmean(response_spread_per_response(m) for m in _later_steps(r)))
-                          for r in FRONTEND_RUNS]
-    per_token = (y1 - y2) / (l1 - l2)
-    per_request = float(f"{y1 - l1 * per_token:.3g}")
-    per_token = float(f"{per_token:.3g}")
+    benches = [json.loads((DATA / f).read_text()) for f in predict_vllm_bench.BENCH_06B]
+    per_request, per_token = predict_vllm_bench.response_fit(benches)
     settings = EngineSettings(response_per_request_s=per_request, response_per_token_s=per_token)
     prof = json.loads(json.dumps(profile))
-    calibrate._fit_host(prof, json.loads((DATA / VLLM_RUNS[0]).read_text()), "x", (per_request, per_token))
+    raw = {"phases": {"decode": [r for b in benches for r in b["phases"]["decode"]]}}
+    calibrate._fit_host(prof, raw, "x", (per_request, per_token), model=model_of("qwen3-0.6b"))
     eff = prof["efficiency"]
     fitted = {"EngineSettings.response_per_request_s": per_request, "EngineSettings.response_per_token_s": per_token}
     fitted.update({f"efficiency.{k}": float(f"{eff[k]:.3g}")
@@ -400,7 +398,8 @@ def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     im4 = IterationModel.build(hw, model_of("qwen3-4b"), settings)
     overhead = lone_request_s() - im4.first_time(16, 0, 16 * 17 / 2, 1) - settings.response_seconds(1)
     fitted["EngineSettings.request_overhead_s"] = float(f"{overhead:.3g}")
-    lines = []
+    lines = [f"the benches' response spreads (B ≥ {predict_vllm_bench.RESPONSE_MIN_BATCH}), "
+             f"{', '.join(predict_vllm_bench.BENCH_06B)}: the rows with first/last response times  [fitted]"]
     for run in (*METRICS_RUNS, *HELD_OUT_METRICS_RUNS):
         length = _later_steps(run)[0]["rollout/response_len/mean"]
         spreads = [1e3 * response_spread_per_response(m) for m in _later_steps(run)]
@@ -410,7 +409,7 @@ def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
         lines.append(f"{run:50s} spread {', '.join(f'{x:.2f}' for x in spreads)} ms per {length:.0f}-token response "
                      f"(model {1e3 * settings.response_seconds(int(length)):.2f}); vLLM's inter-token latency "
                      f"{', '.join(f'{1e3 * x:.2f}' for x in itl)} ms, modelled step at 256 requests "
-                     f"{1e3 * im.time(256, ctx, ctx):.2f} ms" + ("  [fitted: spread]" if run in FRONTEND_RUNS else "  [held out]"))
+                     f"{1e3 * im.time(256, ctx, ctx):.2f} ms  [held out]")
     return fitted, lines
 
 
@@ -632,10 +631,9 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = json.loads(PROFILE.read_text())
     gpu_step, gpu_lines = gpu_step_terms(profile)
-    # Not yet in the profile: the CPU step (section 7) was fitted under a GPU step without the sampler and at the
-    # calibration's KV rate, and absorbs both; the two move together (bench/data/h200_notes.md, seventh lease).
-    section("0. A fit not yet in the profile: vLLM's decode step where it is GPU-bound (/metrics of the whole steps), the "
-            "attention's KV rate and the sampler, by least squares:", [f"{k} = {v}" for k, v in gpu_step.items()] + gpu_lines)
+    # the CPU step (section 7) is fitted under these GPU terms: they move together (h200_notes.md, seventh lease)
+    section("0. vLLM's decode step where it is GPU-bound (/metrics of the whole steps), the attention's KV rate and the "
+            "sampler, by least squares:", [f"{k} = {v}" for k, v in gpu_step.items()] + gpu_lines)
     wake = wake_terms(profile)
     print(f"1. vLLM alone: KV {wake.pop('_kv_gib'):.1f} GiB, weights {wake.pop('_weights_gib'):.2f} GiB")
     for k, v in wake.items():
@@ -665,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         section("8. A check, not a fit: vLLM's decode step at 256 requests against their context (/metrics, every "
                 "rollout) beside the IterationModel of the committed profile:", step_terms(profile))
         fitted.update(front)
+        fitted.update(gpu_step)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
         settings = EngineSettings()
         bad = [f"{k}: committed {committed[k]}, fit {v}" for k, v in fitted.items() if committed[k] != v]

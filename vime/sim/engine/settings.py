@@ -54,14 +54,15 @@ class EngineSettings:
     #: vime's client), paid half on the way in and half on the way out, so concurrent requests still
     #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step and
     #: the building of its one-token response (bench/fit_whole_step.py section 7).
-    request_overhead_s: float = 0.006
+    request_overhead_s: float = 0.0124
     #: vLLM's API server builds each finished request's response (token ids and log-probs) in its one Python
-    #: process, one response at a time: response_per_request_s + response_per_token_s per generated token. The
-    #: H200 whole steps with vLLM's /metrics beside the client's times (2026-12-02, fourth lease): 256 responses
-    #: that the engine finished together reach the client over 5-7 s (1024 tokens each) and 4.2 s (512 tokens);
-    #: the two lengths give the two terms (bench/fit_whole_step.py section 7). Host CPU work, every preset.
-    response_per_request_s: float = 0.0064
-    response_per_token_s: float = 19.5e-6
+    #: process, one response at a time: response_per_request_s + response_per_token_s per generated token.
+    #: The H200 0.6B vLLM-alone bench's first and last response times (2026-12-04, ninth lease): 6.2-8.3 ms per
+    #: 256-token response and 31.7-35.1 ms per 1024-token one at 64-256 requests, a line through zero
+    #: (bench/fit_whole_step.py section 7; the whole steps' spreads, 24-43 ms at 1024 tokens, held out).
+    #: Until then 6.4 ms + 19.5 us per token, from two whole steps' spreads. Host CPU work, every preset.
+    response_per_request_s: float = 0.0
+    response_per_token_s: float = 32.2e-6
     #: Per weight bucket beyond the round trip: opening the CUDA IPC handles on every rank and vLLM's work
     #: around load_weights. With load_per_tensor_s, closed form on the H200 (vLLM alone: 16 buckets of 399
     #: tensors; the MoE whole step: 6 buckets of 1,575 tensors; bench/fit_whole_step.py).
