@@ -461,3 +461,19 @@ def test_the_seventh_lease_oom_at_micro_batch_16_matches_its_prediction_of_recor
         assert len(held) == 4
         need_gib = sum(held.values()) + oom["requested_gib"]
         assert abs(need_gib - measured_gib) / measured_gib < 0.02, (need_gib, measured_gib)
+
+
+def test_predict_hypothesis_profile_loads_and_an_unknown_name_is_refused(tmp_path: Path) -> None:
+    """`predict.py --hypothesis NAME` simulates on a variant of the measured profile: the file it writes is a valid
+    profile carrying the variant's values, and a name that is not a hypothesis stops with the known names."""
+    from vime.sim.hardware import load_hardware
+
+    spec = importlib.util.spec_from_file_location("h200_train_predict", ROOT / "scripts" / "h200_train" / "predict.py")
+    assert spec is not None and spec.loader is not None
+    predict = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(predict)
+    hw = load_hardware(str(predict.hypothesis_profile("gpu_terms+k_split", tmp_path)))
+    assert hw.efficiency.host_step_per_seq_s == 30e-6
+    assert hw.engine_overrides()["response_per_token_s"] == 30e-6
+    with pytest.raises(SystemExit, match="not one of"):
+        predict.hypothesis_profile("no-such-hypothesis", tmp_path)
