@@ -376,18 +376,13 @@ def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     last response times, vLLM's CPU step refitted beside it on the 0.6B benches (host-bound at every batch, so the
     per-request cost shows whole; the 4B's steps at 256 requests are GPU-bound and hide it), the front end's fixed
     latency from the lone request; the whole steps' response spreads as held-out checks."""
-    import calibrate  # bench/calibrate.py: the vLLM-alone decode fit
-    import predict_vllm_bench  # bench/predict_vllm_bench.py: the benches and the response fit
+    import predict_vllm_bench  # bench/predict_vllm_bench.py: the benches, the response fit, the CPU step's refit
 
     from vime.sim.engine import EngineSettings, IterationModel
     from vime.sim.hardware import HardwareSpec
 
-    benches = [json.loads((DATA / f).read_text()) for f in predict_vllm_bench.BENCH_06B]
-    per_request, per_token = predict_vllm_bench.response_fit(benches)
+    (per_request, per_token), prof = predict_vllm_bench.fit_cpu_step(profile)
     settings = EngineSettings(response_per_request_s=per_request, response_per_token_s=per_token)
-    prof = json.loads(json.dumps(profile))
-    raw = {"phases": {"decode": [r for b in benches for r in b["phases"]["decode"]]}}
-    calibrate._fit_host(prof, raw, "x", (per_request, per_token), model=model_of("qwen3-0.6b"))
     eff = prof["efficiency"]
     fitted = {"EngineSettings.response_per_request_s": per_request, "EngineSettings.response_per_token_s": per_token}
     fitted.update({f"efficiency.{k}": float(f"{eff[k]:.3g}")

@@ -87,17 +87,25 @@ def response_fit(runs: list[dict]) -> tuple[float, float]:
     return float(f"{icpt:.3g}"), float(f"{slope:.3g}")
 
 
-def bench_fit(gpu_profile: dict) -> dict:
-    """The committed profile with the GPU terms, its CPU step refitted on the 0.6B benches (all three hosts, least
-    squares) under the response building that the benches' own first/last response times give: a candidate profile."""
+def fit_cpu_step(profile: dict) -> tuple[tuple[float, float], dict]:
+    """The response building (per response, per token) from the 0.6B benches' own first/last response times, and
+    `profile` with vLLM's CPU step refitted under it on those benches (all three hosts, least squares; calibrate.py's
+    fit). bench/fit_whole_step.py section 7 holds the committed profile to this fit."""
     import calibrate  # noqa: PLC0415 - bench/calibrate.py: the CPU step's fit
     from fit_whole_step import model_of  # noqa: PLC0415
 
     runs = [json.loads((ROOT / "bench" / "data" / f).read_text()) for f in BENCH_06B]
     response = response_fit(runs)
     raw = {"phases": {"decode": [r for run in runs for r in run["phases"]["decode"]]}}
-    p = copy.deepcopy(gpu_profile)
+    p = copy.deepcopy(profile)
     calibrate._fit_host(p, raw, f"the 0.6B benches {', '.join(BENCH_06B)}", response, model=model_of("qwen3-0.6b"))
+    return response, p
+
+
+def bench_fit(gpu_profile: dict) -> dict:
+    """The profile with the GPU terms, its CPU step and response building as `fit_cpu_step` gives them: the candidate
+    that became the committed profile in the fourteenth session."""
+    response, p = fit_cpu_step(gpu_profile)
     p["engine"].update({"response_per_request_s": response[0], "response_per_token_s": response[1]})
     return p
 
