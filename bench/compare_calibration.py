@@ -82,11 +82,12 @@ def load_raw(path: str, extra: tuple[str, ...] = EXTRA_RAW_FILES) -> dict:
     return merge_raw(parts)
 
 
-def _iter_model(hw: HardwareSpec, model: ModelSpec, **kw) -> IterationModel:
+def _iter_model(hw: HardwareSpec, model: ModelSpec, vllm_gpu_terms: bool = True, **kw) -> IterationModel:
+    """vLLM's engine model on `hw`; without `vllm_gpu_terms` (the profile's KV read rate and sampler) for torch loops."""
     from calibrate import gpu_step_overrides  # noqa: PLC0415 - bench/calibrate.py, on the path below
 
     settings = EngineSettings(**{"max_model_len": 20480, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
-                                 **gpu_step_overrides(hw), **kw})
+                                 **(gpu_step_overrides(hw) if vllm_gpu_terms else {}), **kw})
     return IterationModel.build(hw, model, settings)
 
 
@@ -164,8 +165,7 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
 
     # --- engine roofline vs the PyTorch decode / prefill workloads (no scheduler: overhead removed) -----
     m4 = load_model("Qwen3-4B")
-    # torch loops, not vLLM: torch's attention and no sampler, so without the profile's vLLM GPU terms
-    im = IterationModel.build(hw, m4, EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192))
+    im = _iter_model(hw, m4, vllm_gpu_terms=False)  # torch loops: torch's attention, no sampler
     for r in raw.get("decode", {}).get("rows", []):
         b, length = r["batch"], r["context"]
         pred = im.gpu_time(b, b * length, b * length) - im.overhead_s  # no scheduler: GPU part only

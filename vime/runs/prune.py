@@ -6,12 +6,11 @@ sample; an engine's KV plan, which the simulated engine computes the same way an
 way), and the lower bound counts only time the simulator certainly spends in the sequential phases
 of a synchronous step (rollout and train; offload, onload and weight sync count as 0):
 
-- rollout ≥ the longest trained response's decode iterations × the iteration floor (the larger of
-  the GPU's launch overhead + all-reduce latency + one read of the engine's weights and the host's
-  step time for one request) plus the request's front-end overhead; ≥ the busiest engine's share of the
-  decoded tokens in host time per request and per step; ≥ the decoded tokens' body FLOPs ÷ (rollout GPUs ×
-  prefill FLOP/s); ≥ the responses' building, one at a time per engine, each after its request can have
-  finished;
+- rollout ≥ the responses' building, one at a time per engine, each after its request's decode iterations
+  × the iteration floor (the larger of the GPU's launch overhead + all-reduce latency + one read of the
+  engine's weights and the host's step time for one request), plus the request's front-end overhead; ≥ the
+  busiest engine's share of the decoded tokens in host time per request and per step; ≥ the decoded tokens'
+  body FLOPs ÷ (rollout GPUs × prefill FLOP/s);
 - train ≥ forward + backward FLOPs of every trained sequence ÷ (actor GPUs × train FLOP/s), plus the
   optimizer steps, the weight backup and the call's fixed cost, which the cost model gives exactly.
 
@@ -156,26 +155,25 @@ class Screen:
         eg = int(args.rollout_num_gpus_per_engine)
         engines = max(1, int(args.rollout_num_gpus) // eg)
         decoded = sum(max(0, r - 1) for r in step.response)  # the first token comes with the prefill
-        longest = max((r - 1 for r in step.response), default=0)
         gpu = im.overhead_s + im.allreduce_latency_s + im.weight_bytes / (im.weight_bytes_per_s or im.bytes_per_s)
-        # an iteration takes ≥ max(GPU floor, host(requests)): along the longest response (≥ 1 request per
-        # iteration), and on the busiest engine (≥ decoded / engines tokens, ≤ --max-num-seqs per iteration)
+        # an iteration takes ≥ max(GPU floor, host(requests)): along each response (≥ 1 request per iteration),
+        # and on the busiest engine (≥ decoded / engines tokens, ≤ --max-num-seqs per iteration)
         floor = max(gpu, im.host(1))
-        along_longest = longest * floor
         per_engine = decoded / engines
         iterations = math.ceil(per_engine / settings.max_num_seqs)
         busiest = max(iterations * gpu, iterations * im.host_s + im.host_per_seq_s * per_engine)
         compute = im.flops_base * decoded / (engines * eg * im.flops_per_s)
         # each engine's one API server builds a response once its request has finished, one at a time: of the k
         # requests that finish last (each ≥ its decode iterations × the floor), some engine holds ⌈k / engines⌉, and
-        # builds them after the earliest of those k can have finished (a one-machine schedule with release times)
+        # builds them after the earliest of those k can have finished (a one-machine schedule with release times;
+        # k = 1 is the longest response's decode and its building)
         building, cheapest = 0.0, math.inf
         latest_first = sorted(((r - 1) * floor, settings.response_seconds(r)) for r in step.response)[::-1]
         for k, (release, seconds) in enumerate(latest_first, 1):
             cheapest = min(cheapest, seconds)
             building = max(building, release + math.ceil(k / engines) * cheapest)
         # the longest request also crosses the front end (half on the way in, half out)
-        return max(along_longest, busiest, compute, building) + (settings.request_overhead_s if step.response else 0.0)
+        return max(building, busiest, compute) + (settings.request_overhead_s if step.response else 0.0)
 
     def _train(self, cm: Any, step: StepLengths) -> float:
         hw, model = self.hw, self.model
