@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -370,19 +371,26 @@ class MegatronActor(WeightCalls):
     def sleep(self) -> dict[str, Any]:
         """Offload params and optimizer state, drop grads (seed step 41)."""
         self._check_awake("sleep")
+        parts = _Parts(sync=not self.cpu)
         nbytes = state_bytes(self.model, self.optimizer, plan_tags(self.cfg.train_offload_plan))
         self.model.zero_grad_buffer()
+        parts.mark("zero_grad")
         # the CPU stand-in moves nothing, so there is nothing to check at wake
         self._sleep_fingerprint = None if self.cpu else fingerprint(kept_tensors(self.module, self.optimizer))
+        parts.mark("fingerprint")
         self.offload.pause(nbytes)
+        parts.mark("pause")
         if not self.cpu:
             # The activations and the optimizer step's temporaries sit in PyTorch's cache outside the
             # offloaded tags: hand them back too, or the engines' KV cache cannot be mapped again.
             torch.cuda.empty_cache()
+            parts.mark("empty_cache")
             self._asleep_memory = gpu_memory.after_sleep(self.rank, self.offload)
+            parts.mark("memory")
         self._last_offloaded = nbytes
         self.asleep = True
-        return {"offloaded_bytes": nbytes, "backend": self.offload.name}
+        parts.log(self.rank, "sleep")
+        return {"offloaded_bytes": nbytes, "backend": self.offload.name, "parts_s": parts.seconds}
 
     def offload_info(self) -> dict[str, Any]:
         """Which backend sleeps this rank, its pause/resume history and the bytes of the last sleep."""
@@ -393,10 +401,14 @@ class MegatronActor(WeightCalls):
         """Bring trainer state back (seed step 37)."""
         if not self.asleep:
             raise TrainerError(f"rank {self.rank}: wake_up() while awake")
+        parts = _Parts(sync=not self.cpu)
         self.offload.resume()
+        parts.mark("resume")
         self.asleep = False
         self._check_restored()
-        return {"backend": self.offload.name, "events": list(self.offload.events)}
+        parts.mark("fingerprint")
+        parts.log(self.rank, "wake")
+        return {"backend": self.offload.name, "events": list(self.offload.events), "parts_s": parts.seconds}
 
     def _check_restored(self) -> None:
         """Raise if a tensor the sleep kept came back different: training on it would train something else."""
@@ -430,6 +442,27 @@ class MegatronActor(WeightCalls):
     def memory(self) -> dict[str, float]:
         """Resident memory of this process (MiB) and peak CUDA memory when on a GPU."""
         return gpu_memory.process(self.cpu)
+
+
+class _Parts:
+    """Wall seconds of a sleep's or wake's parts, each after the GPU finished it (the simulator's
+    trainer offload terms are checked against them), printed to the log like the memory after a sleep."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[name] = now - self._t
+        self._t = now
+
+    def log(self, rank: int, what: str) -> None:
+        print(f"[vime trainer rank {rank}] {what} parts (s): " + ", ".join(
+            f"{k} {v:.4f}" for k, v in self.seconds.items()), file=sys.stderr, flush=True)
 
 
 def rank_advantages(cfg: ActorConfig, batch: Any, old: Sequence[torch.Tensor] | None,
