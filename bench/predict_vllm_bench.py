@@ -207,14 +207,17 @@ def compare(pred_path: str, run_paths: list[str]) -> int:
     return 0
 
 
-#: The 4B's one-GPU vLLM-alone benches (four on the first lease, one on the eighth): no fit here reads them.
-BENCH_4B = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
-            "h200_vllm_0.25.1_b2.json", "vllm_bench_s13/vllm_4b_host1.json")
+#: The one-GPU vLLM-alone benches no fit here reads, by preset: the 4B's (four on the first lease, one on the eighth,
+#: one on the tenth) and the tenth lease's two 0.6B benches (run after the fit of BENCH_06B).
+HELD_OUT_BENCHES = {"h200_vllm_0.25.1.json": "qwen3-4b", "h200_vllm_0.25.1_b0_keepalive_failure.json": "qwen3-4b",
+                    "h200_vllm_0.25.1_b1.json": "qwen3-4b", "h200_vllm_0.25.1_b2.json": "qwen3-4b",
+                    "vllm_bench_s13/vllm_4b_host1.json": "qwen3-4b", "vllm_bench_s15/vllm_4b_s15.json": "qwen3-4b",
+                    "vllm_bench_s15/vllm_06b_s15.json": "qwen3-0.6b", "vllm_bench_s15/vllm_06b_s15b.json": "qwen3-0.6b"}
 HELD_OUT_NAMES = ("profile", "gpu_terms+k_split", "gpu_terms+bench_fit")
 
 
 def held_out(out: Path) -> int:
-    """The candidate profiles against what no fit of theirs read: the 4B benches' decode rows and every whole step of
+    """The candidate profiles against what no fit of theirs read: HELD_OUT_BENCHES' decode rows and every whole step of
     bench/fit_whole_step.py's RUN_SPECS (rollout and step, mean of the later steps). Writes `out` (JSON), prints a table."""
     import statistics
     import tempfile
@@ -223,14 +226,14 @@ def held_out(out: Path) -> int:
 
     hyps = hypotheses(json.loads(PROFILE.read_text()), with_fit=True)
     hyps = {n: hyps[n] for n in HELD_OUT_NAMES}
-    model4 = fit_whole_step.model_of("qwen3-4b")
-    res: dict = {"bench_4b": {}, "whole_steps": {}}
-    for f in BENCH_4B:
+    res: dict = {"benches": {}, "whole_steps": {}}
+    for f, preset in HELD_OUT_BENCHES.items():
+        model = fit_whole_step.model_of(preset)
         run = json.loads((ROOT / "bench" / "data" / f).read_text())
         grid = [(r["batch"], r["max_tokens"]) for r in run["phases"].get("decode", [])]
         meas = {f"generate B={r['batch']} x {r['max_tokens']} tokens": r["wall_s"] for r in run["phases"].get("decode", [])}
-        preds = {n: predict(p, model4, grid, [])["wall_s"] for n, p in hyps.items()}
-        res["bench_4b"][f] = {row: {"measured": m, **{n: preds[n][row] for n in hyps}} for row, m in meas.items()}
+        preds = {n: predict(p, model, grid, [])["wall_s"] for n, p in hyps.items()}
+        res["benches"][f] = {row: {"measured": m, **{n: preds[n][row] for n in hyps}} for row, m in meas.items()}
     with tempfile.TemporaryDirectory() as d:
         for run in fit_whole_step.RUN_SPECS:
             row = {}
@@ -248,7 +251,7 @@ def held_out(out: Path) -> int:
 
     print(f"{'held out':62s} " + " ".join(f"{n:>20s}" for n in hyps))
     summary: dict[str, list[float]] = {n: [] for n in hyps}
-    for f, rows in res["bench_4b"].items():
+    for f, rows in res["benches"].items():
         for row, v in rows.items():
             print(f"{f[:28] + ' ' + row:62s} " + " ".join(f"{err(v[n], v['measured']):+19.1f}%" for n in hyps))
             for n in hyps:
@@ -271,7 +274,7 @@ def main() -> int:
     ap.add_argument("--compare", nargs="+", metavar=("PREDICTED", "RUN"),
                     help="a predictions file, then vllm_bench.py results: measured vs each hypothesis")
     ap.add_argument("--fit", nargs="+", metavar="RUN", help="vllm_bench.py results: the lockstep fit of each")
-    ap.add_argument("--held-out", metavar="OUT", help="the committed profile, k_split and the bench fit against the 4B "
+    ap.add_argument("--held-out", metavar="OUT", help="the committed profile, k_split and the bench fit against the held-out "
                                                       "benches and every whole step (none fitted on them); JSON to OUT")
     args = ap.parse_args()
     if args.held_out:

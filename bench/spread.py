@@ -102,12 +102,19 @@ E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memor
             # the sixth lease: a host slower again (vLLM's 0.6B step at 256 requests 14–15 ms against 12 and 8–10)
             "qwen3-4b-cumem-1g_mbs2_2026-12-03s11": "Qwen3-4B", "qwen3-0.6b-cumem-1g_2026-12-03s11": "Qwen3-0.6B",
             # the seventh lease: a host whose single-thread probe halved and doubled within it; vLLM's 0.6B step 10-12 ms
-            "qwen3-4b-cumem-1g_mbs2_n2_2026-12-03s12": "Qwen3-4B", "qwen3-0.6b-cumem-1g_2026-12-03s12": "Qwen3-0.6B"}
+            "qwen3-4b-cumem-1g_mbs2_n2_2026-12-03s12": "Qwen3-4B", "qwen3-0.6b-cumem-1g_2026-12-03s12": "Qwen3-0.6B",
+            # the eighth to tenth leases: the two host classes (lockstep k 60-67 us and 84-88 us) and drift within a lease
+            "qwen3-0.6b-cumem-1g-mbs8_2026-12-03s13": "Qwen3-0.6B", "qwen3-0.6b-cumem-1g-mbs8-b8_2026-12-03s13": "Qwen3-0.6B",
+            "qwen3-0.6b-cumem-1g-mbs8-quiet_2026-12-04s14": "Qwen3-0.6B", "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s14": "Qwen3-0.6B",
+            "qwen3-0.6b-cumem-1g-mbs8-b16_2026-12-04s14": "Qwen3-0.6B",
+            "qwen3-0.6b-cumem-1g-mbs8-quiet2_2026-12-04s14": "Qwen3-0.6B", "qwen3-0.6b-cumem-1g-mbs8-2_2026-12-04s14": "Qwen3-0.6B",
+            "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s15": "Qwen3-0.6B", "qwen3-0.6b-cumem-1g-mbs8-r512_2026-12-04s15": "Qwen3-0.6B",
+            "qwen3-4b-cumem-1g_mbs2_2026-12-04s15": "Qwen3-4B"}
 #: Phases of a run its trainer no longer measures the same way: the runs before the second lease of 2026-12-02
 #: split the fused QKV weights on the host (0.75 s of a 4B export), which the trainer no longer does.
 #: The MoE run of that lease is in none of the bands: its trainer runs the 128 experts one by one (Megatron's
 #: SequentialMLP), a host cost the simulator does not model (train −86 %, issue 21).
-SUPERSEDED = {run: ("weight_sync",) for run in E2E_RUNS if not run.endswith(("s6", "s7", "s8", "s10", "s11", "s12"))}
+SUPERSEDED = {run: ("weight_sync",) for run in E2E_RUNS if not run.endswith(("s6", "s7", "s8", "s10", "s11", "s12", "s13", "s14", "s15"))}
 #: `vime train` flags a simulation does not take (the real checkpoint, prompts, reward, backend), with their arity.
 _TRAIN_ONLY = {"--backend": 1, "--hf-checkpoint": 1, "--prompt-data": 1, "--custom-rm-path": 1}
 

@@ -50,11 +50,13 @@ TOLERANCE = {
     "vmm.create_map_s_per_gib": 1e-12, "vmm.unmap_release_s_per_gib": 1e-12, "vmm.pinned_alloc_s_per_gib": 1e-12,
     "vmm.pinned_free_s_per_gib": 0.001,
 }
-#: iteration_overhead_s: see above; train_host_s_per_expert: fitted on a MoE whole RL step, not on calibrate.py's inputs;
+#: iteration_overhead_s: see above; train_host_s_per_expert and the trainer's state check and colocated wake: fitted on
+#: whole RL steps (bench/fit_whole_step.py), not on calibrate.py's inputs;
 #: host_step_s and host_step_per_seq_s: fitted by bench/fit_whole_step.py on calibrate.py's vLLM runs together with
 #: vLLM's own decode steps in whole RL steps (/metrics), which calibrate.py does not read (its fit of the vLLM runs
 #: alone is judged by test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset)
 NOT_COMPARED = {"efficiency.iteration_overhead_s", "efficiency.train_host_s_per_expert",
+                "efficiency.state_check_per_tensor_s", "efficiency.state_check_bytes_per_s", "efficiency.colocated_wake_s",
                 "efficiency.train_expert_gemm_efficiency", "efficiency.host_step_s", "efficiency.host_step_per_seq_s"}
 
 

@@ -668,3 +668,58 @@ def test_the_policy_loss_traffic_is_added_unless_the_profile_was_fitted_on_it():
     assert logp_fwd - base_logp == pytest.approx(2048 * QWEN3_4B.vocab_size / 2 * 4 / stream, rel=1e-9)
     with pytest.raises(ConfigError, match="software.train_loss"):
         dataclasses.replace(H100.software, train_loss="fused")
+
+
+def test_sleep_and_wake_pay_the_state_check_and_a_colocated_wake_by_hand():
+    """What the real actor does around the allocator (vime.real.megatron.actor): a sum of every kept tensor at the
+    sleep and after the wake, and beside the engines a fixed cost per wake (both carried from the measured H200)."""
+    eff = H100.efficiency
+    assert eff.state_check_per_tensor_s > 0 and eff.state_check_bytes_per_s > 0 and eff.colocated_wake_s > 0
+    m = QWEN3_4B  # the seed: TP 2, DP 4, distributed optimizer; Megatron's layout: 8 tensors a layer, embedding, norm
+    tensors = 4 * (m.num_layers * 8 + 2)  # each parameter, its fp32 main copy, Adam's two moments
+    kept = m.params_per_rank(2) * 2 + math.ceil(m.params_per_rank(2) / 4) * 12
+    check = tensors * eff.state_check_per_tensor_s + kept / eff.state_check_bytes_per_s
+    for colocated in (True, False):
+        args = _seed_args() if colocated else _seed_args(colocate=False, rollout_num_gpus=8)
+        tr, cl = _trainer(args)
+        _run(cl, tr.init(sleep=True))
+        alloc = tr.allocator.wake_seconds()
+        t0 = cl.env.now
+        _run(cl, tr.wake_up())
+        assert cl.env.now - t0 == pytest.approx(alloc + check + (eff.colocated_wake_s if colocated else 0.0), rel=1e-9)
+        alloc = tr.allocator.sleep_seconds(["params", "optimizer"], ["grads", "activations"])
+        t0 = cl.env.now
+        _run(cl, tr.sleep())
+        assert cl.env.now - t0 == pytest.approx(alloc + check, rel=1e-9)  # nothing trained: no cached activations
+
+
+def test_the_sleep_after_training_unmaps_the_cached_activations():
+    """PyTorch keeps the largest micro-batch's activation blocks cached until the sleep's empty_cache unmaps them."""
+    args = _seed_args()
+    tr, cl = _trainer(args)
+    _run(cl, tr.init())
+    _run(cl, tr.wake_up())
+    t0 = cl.env.now
+    _run(cl, tr.sleep())
+    untrained = cl.env.now - t0
+    _run(cl, tr.wake_up())
+    _run(cl, tr.train(0, _batch(args)))
+    cached = tr._cached_activations
+    assert cached > 10 * GiB  # the seed's micro-batches of 4B activations
+    t0 = cl.env.now
+    _run(cl, tr.sleep())
+    assert cl.env.now - t0 - untrained == pytest.approx(cached / GiB * H100.vmm.unmap_release_s_per_gib, rel=1e-6)
+    assert tr._cached_activations == 0
+
+
+def test_a_wake_that_maps_nothing_back_pays_the_check_but_not_the_colocated_wake():
+    """--train-offload-plan activations keeps params, grads and optimizer resident: nothing to map back (the H200's
+    plan040 run woke in 0.12 s, its state check alone)."""
+    eff = H100.efficiency
+    args = _seed_args(train_offload_plan="activations")
+    tr, cl = _trainer(args)
+    _run(cl, tr.init(sleep=True))
+    t0 = cl.env.now
+    _run(cl, tr.wake_up())
+    assert cl.env.now - t0 == pytest.approx(tr._state_check_seconds(), rel=1e-9)
+    assert tr._state_check_seconds() > 0 and eff.colocated_wake_s > 0

@@ -117,6 +117,15 @@ class Efficiency:
     #: batch handling, advantages and weight backup): the step takes at least this on a GPU, this more
     #: on a CPU. 0 in the estimate presets.
     train_host_step_s: float = 0.0
+    #: vime's real trainer sums every tensor its sleep keeps (parameters, fp32 main copies, Adam moments) at the sleep
+    #: and after the wake, to prove the wake restored them: per tensor (a reduction's launch and its host copy) and per
+    #: byte read. 0 in the estimate presets' own values; H200: the sleep's timed parts (bench/fit_whole_step.py).
+    state_check_per_tensor_s: float = 0.0
+    state_check_bytes_per_s: float = 0.0
+    #: A fixed cost of each trainer wake that maps state back on GPUs the engines share, beyond the mapping and the
+    #: copies: the same resume takes 0.16 s alone and 0.32 s in a colocated step on the H200 (0.6B and 4B alike; a
+    #: wake with all state kept resident showed none; the cause is not isolated).
+    colocated_wake_s: float = 0.0
 
 
 @dataclass(frozen=True)

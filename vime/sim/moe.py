@@ -214,6 +214,10 @@ class MoELayers:
     def _moe_count(self, layers: range) -> int:
         return sum(1 for i in self.moe_layers if i in layers)
 
+    def layers_in_stage(self, pp: int = 1, stage: int = 0) -> int:
+        """Layers on pipeline `stage` of `pp`."""
+        return len(self._stage_layers(pp, stage))
+
     def moe_layers_in_stage(self, pp: int = 1, stage: int = 0) -> int:
         """MoE layers on pipeline `stage` of `pp`."""
         return self._moe_count(self._stage_layers(pp, stage))

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.megatron,
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 
-def _tags_of_build(distributed_optimizer: bool, dtype: str, queue: Any) -> None:
+def _tags_of_build(distributed_optimizer: bool, dtype: str, moe: bool, queue: Any) -> None:
     """In a fresh process: build the trainer the way the actor does, with a recording offload."""
     import torch
     import torch.distributed as dist
@@ -71,6 +71,9 @@ def _tags_of_build(distributed_optimizer: bool, dtype: str, queue: Any) -> None:
     hf = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 128, "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "head_dim": 16, "max_position_embeddings": 64, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+    if moe:
+        hf.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
     spec = mmodel.spec_from_hf_config(hf)
     cfg = ActorConfig(hf_config=hf, use_distributed_optimizer=distributed_optimizer, dtype=dtype)
     with compat.device_mode():
@@ -90,24 +93,33 @@ def _tags_of_build(distributed_optimizer: bool, dtype: str, queue: Any) -> None:
                     out["main_params"].append(tag(p))
                     out["optimizer"] += [tag(v) for v in inner.state.get(p, {}).values()
                                          if torch.is_tensor(v) and v.dim() > 0]
-    queue.put({k: sorted(set(v)) for k, v in out.items()})
+    counts = {k: len(v) for k, v in out.items()}
+    queue.put({**{k: sorted(set(v)) for k, v in out.items()}, "counts": counts, "hf": hf})
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("distributed_optimizer", "dtype"),
-                         [(False, "bfloat16"), (True, "bfloat16"), (True, "float32")])
-def test_every_parameter_lives_in_a_tag_that_a_sleep_keeps(distributed_optimizer: bool, dtype: str) -> None:
+@pytest.mark.parametrize(("distributed_optimizer", "dtype", "moe"),
+                         [(False, "bfloat16", False), (True, "bfloat16", False), (True, "float32", False),
+                          (True, "bfloat16", True)])
+def test_every_parameter_lives_in_a_tag_that_a_sleep_keeps(distributed_optimizer: bool, dtype: str, moe: bool) -> None:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_tags_of_build, args=(distributed_optimizer, dtype, queue))
+    proc = ctx.Process(target=_tags_of_build, args=(distributed_optimizer, dtype, moe, queue))
     proc.start()
     tags = queue.get(timeout=240)
     proc.join(timeout=60)
     assert proc.exitcode == 0
     assert tags["params"] == ["params"], tags  # never "grads": those come back as garbage
     assert tags["optimizer"] == ["optimizer"], tags  # Adam's moments
+    # what the simulator's state check counts: every parameter, its fp32 main copy and Adam's two moments
+    from vime.sim.models import ModelSpec
+    from vime.sim.trainer.cost_model import megatron_param_tensors
+
+    n = tags["counts"]
+    per_param = megatron_param_tensors(ModelSpec.from_hf_config(tags["hf"], name="toy"))
+    assert (n["params"], n["main_params"], n["optimizer"]) == (per_param, per_param, 2 * per_param), n
     # the optimizer's fp32 main parameters; an fp32 model's optimizer steps the parameters themselves
     assert tags["main_params"] == (["params"] if dtype == "float32" else ["optimizer"]), tags
     # Dropped at sleep (no host copy), except where an fp32 model's parameter and gradient buffers

@@ -101,6 +101,8 @@ class SimTrainer(ActorCostModel):
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
         self.last_timings: dict[str, float] = {}
+        #: the largest micro-batch's activations since the last sleep: PyTorch keeps their blocks cached until then
+        self._cached_activations = 0
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def init(self, *, sleep: bool | None = None) -> None:
@@ -132,8 +134,12 @@ class SimTrainer(ActorCostModel):
         its whole actor under torch_memory_saver's region and parks those blocks too: vime #442.)"""
         self._require_init("sleep")
         self.lifecycle.check("sleep")
-        t0 = float(self.cluster.env.now)
+        env = self.cluster.env
+        t0 = float(env.now)
         await self._call()
+        # Before the state leaves, the real actor fingerprints it and hands PyTorch's cached activation blocks back
+        await elapse(env, self._state_check_seconds() + self._cache_release_seconds())
+        self._cached_activations = 0
         # --train-offload-plan: the tags it leaves out stay resident ("all": params and optimizer to host)
         await self.allocator.sleep(*offload_plan_sets(self.offload_plan))
         self.lifecycle.apply("sleep")
@@ -143,11 +149,23 @@ class SimTrainer(ActorCostModel):
         """Seed step 37: remap every tag, copy params and optimizer back."""
         self._require_init("wake_up")
         self.lifecycle.check("wake_up")
-        t0 = float(self.cluster.env.now)
+        env = self.cluster.env
+        t0 = float(env.now)
         await self._call()
+        remaps = any(sum(self.allocator.tag_bytes(t)) for t in self.allocator.lifecycle.asleep_tags())
         await self.allocator.wake_up(None)
+        # then checks the fingerprint; a wake that maps state back beside the engines also pays
+        # efficiency.colocated_wake_s (a plan that keeps all state resident did not: the H200's plan040 run)
+        fixed = self.hw.efficiency.colocated_wake_s if self.colocated and remaps else 0.0
+        await elapse(env, self._state_check_seconds() + fixed)
         self.lifecycle.apply("wake_up")
         self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
+
+    def _cache_release_seconds(self) -> float:
+        """The sleep's `torch.cuda.empty_cache()`: unmapping the cached activation blocks (none on a CPU)."""
+        if not self.hw.sleep_mode:
+            return 0.0
+        return self._cached_activations / GiB * self.hw.vmm.unmap_release_s_per_gib
 
     async def _call(self) -> None:
         """The fixed cost of one protocol call reaching the ranks (`Efficiency.trainer_call_s`)."""
@@ -184,6 +202,7 @@ class SimTrainer(ActorCostModel):
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
                 sizes = dict.fromkeys(positions, nbytes)
+                self._cached_activations = max(self._cached_activations, nbytes)
                 self.allocator.allocate("activations", sizes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
