@@ -83,9 +83,6 @@ class SimTrainer(ActorCostModel):
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
-        self.offload_train = bool(placement.offload_train)
-        #: colocated: weights are published by CUDA IPC from one persistent staging buffer (seed steps 48–50)
-        self.colocated = bool(placement.colocate)
         self.staging_bytes = 0
         self.reference_model = reference
         self.reuse_log_probs = reuse_log_probs
@@ -95,7 +92,6 @@ class SimTrainer(ActorCostModel):
         self.allocator = SimAllocator(name, self.gpus, self.hw, host=cluster.host, known_tags=TRAINER_TAGS,
                                       pinned=pinned or _pinned_mode(placement.train_offload_backend),
                                       recorder=cluster.recorder, env=cluster.env)
-        self.offload_plan = placement.train_offload_plan
         offload_plan_sets(self.offload_plan)  # "auto" must be resolved before a trainer is built
         self.initialized = False
         self.train_calls = 0
@@ -161,6 +157,17 @@ class SimTrainer(ActorCostModel):
         self.lifecycle.apply("wake_up")
         self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
 
+    def _largest_microbatch_bytes(self, batch: TrainBatch) -> int:
+        """A training micro-batch's activations, for the micro-batch of the batch's longest rows: the blocks PyTorch
+        keeps cached until the sleep. Taken over the sorted lengths, not the schedule's micro-batches, so the cost does
+        not depend on the order the rollout finished in (the search prices the trainer apart from the engines)."""
+        rows = max((len(mb) for r in range(self.layout.dp) for mb in batch.for_rank(r).micro_batches()), default=0)
+        lengths = sorted(batch.total_lengths, reverse=True)[:rows]
+        if not lengths:
+            return 0
+        inflight = min(self.layout.pp, max(1, max(batch.schedule.num_microbatches)))
+        return self.activation_bytes(sum(lengths), lengths) * inflight + self.loss_transient_bytes(sum(lengths))
+
     def _cache_release_seconds(self) -> float:
         """The sleep's `torch.cuda.empty_cache()`: unmapping the cached activation blocks (none on a CPU)."""
         if not self.hw.sleep_mode:
@@ -202,7 +209,6 @@ class SimTrainer(ActorCostModel):
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
                 sizes = dict.fromkeys(positions, nbytes)
-                self._cached_activations = max(self._cached_activations, nbytes)
                 self.allocator.allocate("activations", sizes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
@@ -268,6 +274,7 @@ class SimTrainer(ActorCostModel):
                 self.allocator.release("activations", transient)
             self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
         timings["actor_train_time"] = float(env.now) - t_train
+        self._cached_activations = max(self._cached_activations, self._largest_microbatch_bytes(batch))
         if self.train_calls == 0:
             # What the first train step leaves mapped outside the offload pools (sleep's empty_cache cannot
             # return it): flat from then on in the 2026-12-02 H200 runs; size from the profile (Software).

@@ -29,6 +29,7 @@ from vime.sim.trainer.footprint import (
     trainer_context_bytes,
 )
 from vime.sim.trainer.layout import Layout
+from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
     from vime.config import ClusterConfig, ParallelConfig
@@ -82,6 +83,11 @@ class ActorCostModel:
         self.reference = reference
         self.hw = hardware
         self.layout = Layout.of(placement, parallel, num_gpus)
+        # (a pricing-only caller may pass a placement without the sleep options: a trainer that never sleeps)
+        self.offload_train = bool(getattr(placement, "offload_train", False))
+        #: colocated: the engines share the trainer's GPUs (CUDA IPC weights, a wake beside them)
+        self.colocated = bool(getattr(placement, "colocate", False))
+        self.offload_plan = getattr(placement, "train_offload_plan", "all")
         lay = self.layout
         self.ep = int(getattr(parallel, "expert_model_parallel_size", 1) or 1)
         self.etp = moe.effective_expert_tp(lay.tp, self.ep, getattr(parallel, "expert_tensor_parallel_size", None))
@@ -316,6 +322,15 @@ class ActorCostModel:
                                                                      strict=True)]
         return max(4 * n * eff.state_check_per_tensor_s + b / eff.state_check_bytes_per_s
                    for n, b in zip(self.param_tensors_per_gpu(), kept, strict=True))
+
+    def _offload_extra_seconds(self) -> float:
+        """What one sleep and the next wake cost beyond the allocator's copies and mappings: the state check twice, and
+        the fixed cost of a wake that maps state back beside the engines (0 when the trainer never sleeps)."""
+        if not self.offload_train:
+            return 0.0
+        offloaded, dropped = offload_plan_sets(self.offload_plan) if self.offload_plan != "auto" else ([], [])
+        remaps = any(t in ("params", "grads", "optimizer") for t in offloaded + dropped)  # activations are 0 by then
+        return 2 * self._state_check_seconds() + (self.hw.efficiency.colocated_wake_s if self.colocated and remaps else 0.0)
 
     def _backup_seconds(self) -> float:
         """The weight backup (seed step 41): the largest rank's params device → host."""
