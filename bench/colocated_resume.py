@@ -99,6 +99,8 @@ def main() -> int:
     ap.add_argument("--neighbour-gib", type=float, default=100.0)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--idle-s", type=float, default=1.0, help="the alone condition's wait between pause and resume")
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="wait this long after the neighbour gave its memory back, before the resume")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_path = Path(args.out)
@@ -126,7 +128,7 @@ def main() -> int:
             tensors.append(torch.ones(n, dtype=torch.uint8, device="cuda"))
     torch.cuda.synchronize()
     result: dict = {"preset": args.preset, "regions": len(alloc.regions), "state_bytes": sum(n for _, n in spec),
-                    "neighbour_gib": args.neighbour_gib, "idle_s": args.idle_s, "argv": sys.argv, "cycles": []}
+                    "neighbour_gib": args.neighbour_gib, "idle_s": args.idle_s, "settle_s": args.settle_s, "argv": sys.argv, "cycles": []}
     drv = alloc.driver
     for cycle in range(args.cycles):
         for condition in ("alone", "cumem", "torch"):
@@ -139,6 +141,7 @@ def main() -> int:
                 if not parent.poll(120):
                     raise RuntimeError(f"the neighbour did not answer {condition} in 120 s (exit code {proc.exitcode})")
                 side = parent.recv()
+                time.sleep(args.settle_s)
             t0 = time.perf_counter()
             probe = drv.create(drv.granularity)  # the first cuMemCreate after the neighbour's release
             t1 = time.perf_counter()
