@@ -1098,7 +1098,8 @@ def _unmeasured_defaults(prof: dict) -> None:
         eff["train_host_s_per_expert"] = 0.0
         src.setdefault("efficiency.train_host_s_per_expert", "0 (the default): not measured here; MoE whole RL steps "
                                                              "measure it (bench/fit_whole_step.py)")
-    for key in ("state_check_per_tensor_s", "state_check_bytes_per_s", "colocated_wake_s"):
+    for key in ("state_check_per_tensor_s", "state_check_bytes_per_s", "released_wake_s_per_gib",
+                "released_wake_max_s"):
         if key not in eff:
             eff[key] = 0.0
             src.setdefault(f"efficiency.{key}", "0 (the default): not measured here; the timed parts of a whole RL "

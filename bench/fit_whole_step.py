@@ -50,11 +50,12 @@ Each term is structural (one value for every model, batch and run) and fitted on
    interval of every rollout of the fourth lease (inter-token latency from the histogram), beside the IterationModel:
    where the step grows with context the GPU bounds it, and the slope is the attention's KV read rate.
 9. The trainer's sleep and wake beyond its allocator (efficiency.state_check_per_tensor_s, state_check_bytes_per_s,
-   colocated_wake_s), on the timed parts the actor logs (the tenth lease, PARTS_RUNS): vime's check that a wake restored
-   the state (a sum of each parameter, fp32 main copy and Adam moment at the sleep and after the wake) in closed form on
-   the 0.6B's and the 4B's sleeps, then the resume's fixed cost beside the engines: its mean beyond the simulated
-   allocator wake (the same resume alone matches the allocator model). Fitted before 3b and 3c, which simulate with it.
-   Held out: the wakes' checks, every other whole step's perf/sleep_time and perf/wake_up_time.
+   released_wake_s_per_gib, released_wake_max_s): vime's check that a wake restored the state (a sum of each parameter,
+   fp32 main copy and Adam moment at the sleep and after the wake) in closed form on the 0.6B's and the 4B's sleeps
+   (the timed parts the actor logs, the tenth lease, PARTS_RUNS); the wake onto memory another process just released on
+   bench/colocated_resume.py's rows (bench/data/colocated_resume/). Fitted before 3b and 3c, which simulate with it.
+   Held out: the whole steps' resumes beyond the allocator model and their wakes' checks, every other whole step's
+   perf/sleep_time and perf/wake_up_time.
 4. A check, not a fit: the trainer's CPU floor per layer that the train phase of the b64_r512 run (128
    micro-batches of 2,560 tokens, host-bound) implies, beside the preset's, fitted on 2026-11-29 on
    Megatron steps measured alone (efficiency.train_host_{fwd,bwd}_s_per_layer, their ratio kept).
@@ -187,9 +188,9 @@ def offload_parts(run: str) -> dict[str, list[dict[str, float]]]:
 
 
 def trainer_offload_terms(profile: dict, work: Path) -> tuple[dict[str, float], list[str]]:
-    """The trainer's sleep and wake beyond the allocator (section 9), on the timed parts of PARTS_RUNS: the state
-    check's per-tensor and per-byte terms in closed form from the 0.6B and 4B sleeps' fingerprints (the start-up
-    sleep's, cold, left out), then the colocated wake's fixed cost: the mean resume beyond the simulated allocator wake."""
+    """The trainer's sleep and wake beyond the allocator (section 9): the state check's per-tensor and per-byte terms in
+    closed form from the 0.6B and 4B sleeps' fingerprints of PARTS_RUNS (the start-up sleep's, cold, left out), then the
+    wake onto memory another process released from bench/colocated_resume.py's rows; the whole steps' resumes held out."""
     from vime.sim.trainer.cost_model import megatron_param_tensors
     from vime.sim.trainer.footprint import OPTIMIZER_BYTES, PARAM_BYTES
 
@@ -210,19 +211,34 @@ def trainer_offload_terms(profile: dict, work: Path) -> tuple[dict[str, float], 
     per_tensor = (y1 - b1 * per_byte) / n1
     fitted = {"efficiency.state_check_per_tensor_s": float(f"{per_tensor:.3g}"),
               "efficiency.state_check_bytes_per_s": float(f"{1 / per_byte:.3g}")}
-    no_fixed = with_values(profile, {**fitted, "efficiency.colocated_wake_s": 0.0})
-    bare = with_values(no_fixed, {"efficiency.state_check_bytes_per_s": 0.0})
-    fixed = []
+    # the wake onto memory another process released: closed form on bench/colocated_resume.py's rows (vime's CuMem
+    # allocator alone on the H200): per GiB the neighbour released (its 25 and 50 GiB rows), and the 100 GiB rows'
+    # mean as the ceiling
+    per_gib, ceiling = [], []
+    for path in sorted((DATA / "colocated_resume").glob("neighbour*.json")):
+        bench = json.loads(path.read_text())
+        alone = statistics.median(c["resume_s"] for c in bench["cycles"] if c["condition"] == "alone")
+        extra = [c["resume_s"] - alone for c in bench["cycles"] if c["condition"] != "alone"]
+        gib = bench["neighbour_gib"]
+        (ceiling if gib >= 100 else per_gib).extend(e / gib if gib < 100 else e for e in extra)
+        lines.append(f"{path.name}: resume alone {1e3 * alone:.0f} ms, after a neighbour's {gib:.0f} GiB "
+                     + ", ".join(f"+{1e3 * e:.0f}" for e in extra) + " ms")
+    fitted["efficiency.released_wake_s_per_gib"] = float(f"{statistics.fmean(per_gib):.3g}")
+    fitted["efficiency.released_wake_max_s"] = float(f"{statistics.fmean(ceiling):.3g}")
+    # held out: the whole steps' resume beyond the simulated allocator wake
+    no_release = with_values(profile, {**fitted, "efficiency.released_wake_s_per_gib": 0.0})
+    bare = with_values(no_release, {"efficiency.state_check_bytes_per_s": 0.0})
+    with_all = with_values(profile, fitted)
     for run in PARTS_RUNS:
         wakes = offload_parts(run)["wake"]
         resume = statistics.median(p["resume"] for p in wakes)
         check = statistics.median(p["fingerprint"] for p in wakes)
         allocator = simulate(run, bare, work)["perf/wake_up_time"]  # trainer_call_s is 0 on the H200
-        modelled_check = simulate(run, no_fixed, work)["perf/wake_up_time"] - allocator
-        fixed.append(resume - allocator)
+        modelled_check = simulate(run, no_release, work)["perf/wake_up_time"] - allocator
+        released = simulate(run, with_all, work)["perf/wake_up_time"] - allocator - modelled_check
         lines.append(f"{run}: resume {1e3 * resume:.0f} ms, simulated allocator wake {1e3 * allocator:.0f} ms, beyond "
-                     f"{1e3 * (resume - allocator):.0f} ms; wake's check {1e3 * check:.1f} ms, modelled {1e3 * modelled_check:.1f}")
-    fitted["efficiency.colocated_wake_s"] = float(f"{statistics.fmean(fixed):.3g}")
+                     f"{1e3 * (resume - allocator):.0f} ms, modelled (released memory) {1e3 * released:.0f} ms [held out]; "
+                     f"wake's check {1e3 * check:.1f} ms, modelled {1e3 * modelled_check:.1f} [held out]")
     return fitted, lines
 
 
@@ -490,7 +506,8 @@ def fit(profile: dict, work: Path) -> tuple[dict[str, float], list[str]]:
     fitted: dict[str, float] = {}
     base = {"vmm.shared_map_s_per_gib": 0.0, "efficiency.train_host_s_per_expert": 0.0,
             "efficiency.train_expert_gemm_efficiency": 0.7, "efficiency.state_check_per_tensor_s": 0.0,
-            "efficiency.state_check_bytes_per_s": 0.0, "efficiency.colocated_wake_s": 0.0}
+            "efficiency.state_check_bytes_per_s": 0.0, "efficiency.released_wake_s_per_gib": 0.0,
+            "efficiency.released_wake_max_s": 0.0}
 
     def sim(run: str, **extra: float) -> dict:
         return simulate(run, with_values(profile, {**base, **fitted, **extra}), work)
@@ -711,8 +728,8 @@ def main(argv: list[str] | None = None) -> int:
         fitted, offload_lines = fit(profile, Path(d))
         for k, v in fitted.items():
             print(f"   {k} = {v}")
-        section("9. The trainer's sleep and wake beyond the allocator (the tenth lease's timed parts): vime's state check "
-                "and the colocated wake's fixed cost:", offload_lines)
+        section("9. The trainer's sleep and wake beyond the allocator: vime's state check (the tenth lease's timed parts) "
+                "and the wake onto memory another process released (bench/colocated_resume.py):", offload_lines)
         implied, preset = implied_floor(profile, fitted, Path(d))
         print(f"4. CPU floor per layer, forward: the b64_r512 train phase implies {implied * 1e3:.2f} ms, "
               f"the preset has {preset * 1e3:.2f} ms ({100 * (implied - preset) / preset:+.1f} %)")

@@ -56,7 +56,8 @@ TOLERANCE = {
 #: vLLM's own decode steps in whole RL steps (/metrics), which calibrate.py does not read (its fit of the vLLM runs
 #: alone is judged by test_host_step_fit_predicts_the_vllm_runs_as_well_as_the_preset)
 NOT_COMPARED = {"efficiency.iteration_overhead_s", "efficiency.train_host_s_per_expert",
-                "efficiency.state_check_per_tensor_s", "efficiency.state_check_bytes_per_s", "efficiency.colocated_wake_s",
+                "efficiency.state_check_per_tensor_s", "efficiency.state_check_bytes_per_s",
+                "efficiency.released_wake_s_per_gib", "efficiency.released_wake_max_s",
                 "efficiency.train_expert_gemm_efficiency", "efficiency.host_step_s", "efficiency.host_step_per_seq_s"}
 
 

@@ -183,4 +183,4 @@ class Screen:
                          for n in step.total)
         compute = (1.0 + hw.efficiency.train_backward_factor) * flops / (cm.layout.world * hw.train_flops)
         return (hw.efficiency.trainer_call_s + compute + step.optimizer_steps * cm._optimizer_seconds()
-                + cm._backup_seconds() + cm._offload_extra_seconds())
+                + cm._backup_seconds() + cm._offload_floor_seconds())

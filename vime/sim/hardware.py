@@ -362,7 +362,8 @@ class HardwareSpec:
                                                          "train_host_step_s", "export_call_s", "train_host_s_per_expert",
                                                          "train_expert_gemm_efficiency",
                                                          "export_per_tensor_s", "state_check_per_tensor_s",
-                                                         "state_check_bytes_per_s", "colocated_wake_s"})),
+                                                         "state_check_bytes_per_s", "released_wake_s_per_gib",
+                                                         "released_wake_max_s"})),
             vmm=section("vmm", VmmCosts, frozenset(f.name for f in fields(VmmCosts))),
             software=software,
             device=device,
@@ -390,7 +391,8 @@ CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pin
              "efficiency.host_step_tp_scale", "efficiency.iteration_overhead_s", "efficiency.collective_latency_s",
              "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
              "efficiency.export_per_tensor_s", "software.trainer_process_bytes", "efficiency.state_check_per_tensor_s",
-             "efficiency.state_check_bytes_per_s", "efficiency.colocated_wake_s")
+             "efficiency.state_check_bytes_per_s", "efficiency.released_wake_s_per_gib",
+             "efficiency.released_wake_max_s")
 
 
 def resolve_carry(data: Any, origin: str, seen: tuple[str, ...] = ()) -> Any:

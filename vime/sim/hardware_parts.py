@@ -122,10 +122,12 @@ class Efficiency:
     #: byte read. 0 in the estimate presets' own values; H200: the sleep's timed parts (bench/fit_whole_step.py).
     state_check_per_tensor_s: float = 0.0
     state_check_bytes_per_s: float = 0.0
-    #: A fixed cost of each trainer wake that maps state back on GPUs the engines share, beyond the mapping and the
-    #: copies: the same resume takes 0.16 s alone and 0.32 s in a colocated step on the H200 (0.6B and 4B alike; a
-    #: wake with all state kept resident showed none; the cause is not isolated).
-    colocated_wake_s: float = 0.0
+    #: A wake that maps memory back right after another process on the GPU released memory (the engines' sleep before
+    #: the trainer's wake) runs slower: per GiB the others released, up to a ceiling (H200: the 0.6B trainer's 0.155 s
+    #: resume took 0.04-0.06 s more after 25 GiB, 0.16 s more after 100; the first create is not delayed; the cause, a
+    #: driver's clearing of freed memory or other, not isolated). 0 in the estimate presets' own values.
+    released_wake_s_per_gib: float = 0.0
+    released_wake_max_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class _Pool:
         self._total = 0
         self.peak_bytes = 0
         self._peaks: dict[tuple[str, str], int] = {}
+        self._freed: dict[str, int] = {}  # bytes each owner has released, ever
 
     def _now(self) -> float:
         """The pool's time: its env's, else its recorder's clock, else the running simulation's (0.0 outside one)."""
@@ -93,6 +94,10 @@ class _Pool:
         if self.recorder is not None:
             self.recorder.on_memory(self.index, owner, tag, held, total, self._now())
 
+    def freed_by_others(self, owner: str) -> int:
+        """Bytes every owner but `owner` has released here, ever (a wake compares two readings)."""
+        return sum(n for o, n in self._freed.items() if o != owner)
+
     def owners(self) -> set[str]:
         """Every owner that has held memory here (a process once on a GPU keeps its context there)."""
         return {owner for owner, _ in self._peaks}
@@ -117,6 +122,7 @@ class _Pool:
         else:
             del self._held[key]
         self._total -= amount
+        self._freed[owner] = self._freed.get(owner, 0) + amount
         if self.recorder is not None:
             self.recorder.on_memory(self.index, owner, tag, left, self._total, self._now())
         return amount

@@ -83,6 +83,8 @@ class SimTrainer(ActorCostModel):
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
+        #: colocated: weights are published by CUDA IPC from one persistent staging buffer (seed steps 48–50)
+        self.colocated = bool(placement.colocate)
         self.staging_bytes = 0
         self.reference_model = reference
         self.reuse_log_probs = reuse_log_probs
@@ -99,6 +101,8 @@ class SimTrainer(ActorCostModel):
         self.last_timings: dict[str, float] = {}
         #: the largest micro-batch's activations since the last sleep: PyTorch keeps their blocks cached until then
         self._cached_activations = 0
+        #: what the other processes on each of its GPUs had released when this trainer last slept
+        self._others_freed = [0] * len(self.gpus)
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def init(self, *, sleep: bool | None = None) -> None:
@@ -138,6 +142,7 @@ class SimTrainer(ActorCostModel):
         self._cached_activations = 0
         # --train-offload-plan: the tags it leaves out stay resident ("all": params and optimizer to host)
         await self.allocator.sleep(*offload_plan_sets(self.offload_plan))
+        self._others_freed = [g.freed_by_others(self.name) for g in self.gpus]
         self.lifecycle.apply("sleep")
         self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
 
@@ -149,11 +154,10 @@ class SimTrainer(ActorCostModel):
         t0 = float(env.now)
         await self._call()
         remaps = any(sum(self.allocator.tag_bytes(t)) for t in self.allocator.lifecycle.asleep_tags())
+        released = self._released_wake_seconds() if remaps else 0.0  # what the engines freed since the sleep
         await self.allocator.wake_up(None)
-        # then checks the fingerprint; a wake that maps state back beside the engines also pays
-        # efficiency.colocated_wake_s (a plan that keeps all state resident did not: the H200's plan040 run)
-        fixed = self.hw.efficiency.colocated_wake_s if self.colocated and remaps else 0.0
-        await elapse(env, self._state_check_seconds() + fixed)
+        # then checks the fingerprint (a plan that keeps all state resident maps nothing: the H200's plan040 run)
+        await elapse(env, released + self._state_check_seconds())
         self.lifecycle.apply("wake_up")
         self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
 
@@ -167,6 +171,13 @@ class SimTrainer(ActorCostModel):
             return 0
         inflight = min(self.layout.pp, max(1, max(batch.schedule.num_microbatches)))
         return self.activation_bytes(sum(lengths), lengths) * inflight + self.loss_transient_bytes(sum(lengths))
+
+    def _released_wake_seconds(self) -> float:
+        """The slower resume onto memory other processes released since this trainer's sleep (the engines' sleep
+        just before its wake): efficiency.released_wake_s_per_gib per GiB, up to released_wake_max_s; the slowest GPU."""
+        eff = self.hw.efficiency
+        freed = [g.freed_by_others(self.name) - before for g, before in zip(self.gpus, self._others_freed, strict=True)]
+        return min(max(freed, default=0) / GiB * eff.released_wake_s_per_gib, eff.released_wake_max_s)
 
     def _cache_release_seconds(self) -> float:
         """The sleep's `torch.cuda.empty_cache()`: unmapping the cached activation blocks (none on a CPU)."""

@@ -85,8 +85,6 @@ class ActorCostModel:
         self.layout = Layout.of(placement, parallel, num_gpus)
         # (a pricing-only caller may pass a placement without the sleep options: a trainer that never sleeps)
         self.offload_train = bool(getattr(placement, "offload_train", False))
-        #: colocated: the engines share the trainer's GPUs (CUDA IPC weights, a wake beside them)
-        self.colocated = bool(getattr(placement, "colocate", False))
         self.offload_plan = getattr(placement, "train_offload_plan", "all")
         lay = self.layout
         self.ep = int(getattr(parallel, "expert_model_parallel_size", 1) or 1)
@@ -323,14 +321,16 @@ class ActorCostModel:
         return max(4 * n * eff.state_check_per_tensor_s + b / eff.state_check_bytes_per_s
                    for n, b in zip(self.param_tensors_per_gpu(), kept, strict=True))
 
-    def _offload_extra_seconds(self) -> float:
-        """What one sleep and the next wake cost beyond the allocator's copies and mappings: the state check twice, and
-        the fixed cost of a wake that maps state back beside the engines (0 when the trainer never sleeps)."""
+    def _offload_floor_seconds(self) -> float:
+        """What one sleep and the next wake take at least: the state check twice and the offloaded tags' copies to the
+        host and back (0 when the trainer never sleeps; mappings, pinning and the wake onto memory the engines released
+        are left out: they depend on the engines or the pinning mode)."""
         if not self.offload_train:
             return 0.0
-        offloaded, dropped = offload_plan_sets(self.offload_plan) if self.offload_plan != "auto" else ([], [])
-        remaps = any(t in ("params", "grads", "optimizer") for t in offloaded + dropped)  # activations are 0 by then
-        return 2 * self._state_check_seconds() + (self.hw.efficiency.colocated_wake_s if self.colocated and remaps else 0.0)
+        offloaded, _ = offload_plan_sets(self.offload_plan) if self.offload_plan != "auto" else ([], [])
+        state = self.state_bytes_per_gpu()
+        copied = max((sum(state[t][i] for t in offloaded if t in state) for i in range(self.layout.world)), default=0)
+        return 2 * self._state_check_seconds() + copied / self.hw.d2h_bytes_per_s + copied / self.hw.h2d_bytes_per_s
 
     def _backup_seconds(self) -> float:
         """The weight backup (seed step 41): the largest rank's params device → host."""
