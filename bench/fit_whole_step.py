@@ -191,8 +191,8 @@ def trainer_offload_terms(profile: dict, work: Path) -> tuple[dict[str, float], 
     """The trainer's sleep and wake beyond the allocator (section 9): the state check's per-tensor and per-byte terms in
     closed form from the 0.6B and 4B sleeps' fingerprints of PARTS_RUNS (the start-up sleep's, cold, left out), then the
     wake onto memory another process released from bench/colocated_resume.py's rows; the whole steps' resumes held out."""
-    from vime.sim.trainer.cost_model import megatron_param_tensors
     from vime.sim.trainer.footprint import OPTIMIZER_BYTES, PARAM_BYTES
+    from vime.sim.trainer.sleep_extras import megatron_param_tensors
 
     lines, rows = [], {}
     for run, name in PARTS_RUNS.items():

@@ -8,7 +8,7 @@ import pytest
 from vime.config import parse_args
 from vime.errors import ConfigError, Interrupted
 from vime.runs import search as search_mod
-from vime.runs.prune import Screen, probe_lengths
+from vime.runs.prune import Screen, probe_lengths, trainer_wake_slack
 from vime.runs.search import AXES, PLANNING_AXES, RULES, Axis, grid, run_search
 from vime.runs.sweep import simulate_point
 
@@ -46,9 +46,9 @@ def test_the_pruned_search_returns_the_exhaustive_winner(exhaustive, goal: str, 
 def test_each_side_of_the_step_depends_on_its_own_options_only(exhaustive) -> None:
     """What the measured-phase bound rests on: the engines' phases are the same whatever the trainer's layout,
     and the train phase is the same whatever the engines' options but for the trainer's wake onto the memory the
-    engines released, which the search takes off (search.trainer_wake_slack)."""
+    engines released, which the search takes off (prune.trainer_wake_slack)."""
     base, _, ranked = exhaustive
-    slack = search_mod.trainer_wake_slack(base)
+    slack = trainer_wake_slack(base)
     assert slack > 0  # the coupling is there, and bounded
     sides = {ax.dest: ax.side for ax in AXES}
     seen: dict[tuple[str, str], set[float]] = {}

@@ -21,6 +21,7 @@ from vime.sim.memory import GiB, SimAllocator, SimCluster
 from vime.sim.models import load_model
 from vime.sim.trainer import Layout, SimTrainer
 from vime.sim.trainer.footprint import trainer_context_bytes
+from vime.sim.trainer.sleep_extras import state_check_seconds
 from vime.types import TrainBatch
 
 H100 = load_hardware("H100-SXM-80G")
@@ -711,12 +712,12 @@ def test_the_sleep_after_training_unmaps_the_cached_activations():
     untrained = cl.env.now - t0
     _run(cl, tr.wake_up())
     _run(cl, tr.train(0, _batch(args)))
-    cached = tr._cached_activations
+    cached = tr.extras.cached_activations
     assert cached > 10 * GiB  # the seed's micro-batches of 4B activations
     t0 = cl.env.now
     _run(cl, tr.sleep())
     assert cl.env.now - t0 - untrained == pytest.approx(cached / GiB * H100.vmm.unmap_release_s_per_gib, rel=1e-6)
-    assert tr._cached_activations == 0
+    assert tr.extras.cached_activations == 0
 
 
 def test_a_wake_that_maps_nothing_back_pays_the_check_but_not_the_released_memory():
@@ -730,5 +731,5 @@ def test_a_wake_that_maps_nothing_back_pays_the_check_but_not_the_released_memor
     cl.gpus[0].free("engine", "kv_cache")
     t0 = cl.env.now
     _run(cl, tr.wake_up())
-    assert cl.env.now - t0 == pytest.approx(tr._state_check_seconds(), rel=1e-9)
-    assert tr._state_check_seconds() > 0 and eff.released_wake_s_per_gib > 0
+    assert cl.env.now - t0 == pytest.approx(state_check_seconds(tr), rel=1e-9)
+    assert state_check_seconds(tr) > 0 and eff.released_wake_s_per_gib > 0

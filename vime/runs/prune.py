@@ -176,6 +176,8 @@ class Screen:
         return max(building, busiest, compute) + (settings.request_overhead_s if step.response else 0.0)
 
     def _train(self, cm: Any, step: StepLengths) -> float:
+        from vime.sim.trainer.sleep_extras import offload_floor_seconds
+
         hw, model = self.hw, self.model
         flops = sum(model.sequence_flops(n) for n in step.total)
         if hw.software.train_attention == "unfused":  # the attention matmuls run at another rate: count the rest
@@ -183,4 +185,14 @@ class Screen:
                          for n in step.total)
         compute = (1.0 + hw.efficiency.train_backward_factor) * flops / (cm.layout.world * hw.train_flops)
         return (hw.efficiency.trainer_call_s + compute + step.optimizer_steps * cm._optimizer_seconds()
-                + cm._backup_seconds() + cm._offload_floor_seconds())
+                + cm._backup_seconds() + offload_floor_seconds(cm))
+
+
+def trainer_wake_slack(base: Any) -> float:
+    """How much of a step's train phase may depend on the engines' options: the trainer's wake onto memory they just
+    released (0 when the trainer never sleeps or the profile has no such cost)."""
+    from vime.sim.hardware import load_hardware
+
+    if not getattr(base, "offload_train", False):
+        return 0.0
+    return load_hardware(base.hardware).efficiency.released_wake_max_s

@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vime.errors import ConfigError, Interrupted
-from vime.runs.prune import Screen, probe_lengths
+from vime.runs.prune import Screen, probe_lengths, trainer_wake_slack
 from vime.runs.sweep import GOALS, PointResult, simulate_point
 
 
 @dataclass(frozen=True)
 class Axis:
-    """One searched option, its candidate values, and the side of the step it changes: "engine" (rollout,
-    engine sleep and wake), "trainer" (the train phase) or "both" ("gpus" stands for the actor's nodes ×
-    GPUs per node)."""
+    """One searched option, its candidate values, and the side of the step it changes: "engine" (rollout, engine
+    sleep and wake), "trainer" (the train phase) or "both" ("gpus" stands for the actor's nodes × GPUs per node)."""
 
     dest: str
     values: tuple[Any, ...]
@@ -383,10 +382,9 @@ class _Search:
     A point's bound is its roofline for each side of the step, raised to what a fully simulated point
     with the same engine options measured for the engines' phases (rollout, engine sleep and wake) and
     with the same trainer options for the train phase: in a synchronous step those phases follow one
-    another and each depends on its own side's options only, so they add up to a lower bound of T_step
-    (weight sync and the gap count as 0). One coupling is taken off the train phase: the trainer's wake runs slower
-    onto memory the engines just released (at most efficiency.released_wake_max_s a step). The open point with the
-    smallest bound runs next; when that bound cannot beat the best full result, neither can any other open point.
+    another and each depends on its own side's options only (but for `trainer_wake_slack`, taken off the train phase),
+    so they add up to a lower bound of T_step (weight sync and the gap count as 0). The open point with the smallest
+    bound runs next; when that bound cannot beat the best full result, neither can any other open point.
     """
 
     def __init__(self, base: Any, goal: str, target: float | None, stats: SearchStats, exhaustive: bool) -> None:
@@ -479,16 +477,6 @@ class _Search:
                 self.best = r
                 self.bar.set_postfix_str(f"best {r.t_step:.3f} s on {r.gpus} GPUs")
         self.bar.update(1)
-
-
-def trainer_wake_slack(base: Any) -> float:
-    """How much of a step's train phase may depend on the engines' options: the trainer's wake onto memory they just
-    released (0 when the trainer never sleeps or the profile has no such cost)."""
-    from vime.sim.hardware import load_hardware
-
-    if not getattr(base, "offload_train", False):
-        return 0.0
-    return load_hardware(base.hardware).efficiency.released_wake_max_s
 
 
 def _pool(n: int) -> ProcessPoolExecutor:

@@ -115,7 +115,7 @@ def test_every_parameter_lives_in_a_tag_that_a_sleep_keeps(distributed_optimizer
     assert tags["optimizer"] == ["optimizer"], tags  # Adam's moments
     # what the simulator's state check counts: every parameter, its fp32 main copy and Adam's two moments
     from vime.sim.models import ModelSpec
-    from vime.sim.trainer.cost_model import megatron_param_tensors
+    from vime.sim.trainer.sleep_extras import megatron_param_tensors
 
     n = tags["counts"]
     per_param = megatron_param_tensors(ModelSpec.from_hf_config(tags["hf"], name="toy"))

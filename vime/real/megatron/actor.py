@@ -389,8 +389,7 @@ class MegatronActor(WeightCalls):
             parts.mark("memory")
         self._last_offloaded = nbytes
         self.asleep = True
-        parts.log(self.rank, "sleep")
-        return {"offloaded_bytes": nbytes, "backend": self.offload.name, "parts_s": parts.seconds}
+        return {"offloaded_bytes": nbytes, "backend": self.offload.name, "parts_s": parts.log(self.rank, "sleep")}
 
     def offload_info(self) -> dict[str, Any]:
         """Which backend sleeps this rank, its pause/resume history and the bytes of the last sleep."""
@@ -407,8 +406,7 @@ class MegatronActor(WeightCalls):
         self.asleep = False
         self._check_restored()
         parts.mark("fingerprint")
-        parts.log(self.rank, "wake")
-        return {"backend": self.offload.name, "events": list(self.offload.events), "parts_s": parts.seconds}
+        return {"backend": self.offload.name, "events": list(self.offload.events), "parts_s": parts.log(self.rank, "wake")}
 
     def _check_restored(self) -> None:
         """Raise if a tensor the sleep kept came back different: training on it would train something else."""
@@ -460,9 +458,10 @@ class _Parts:
         self.seconds[name] = now - self._t
         self._t = now
 
-    def log(self, rank: int, what: str) -> None:
+    def log(self, rank: int, what: str) -> dict[str, float]:
         print(f"[vime trainer rank {rank}] {what} parts (s): " + ", ".join(
             f"{k} {v:.4f}" for k, v in self.seconds.items()), file=sys.stderr, flush=True)
+        return self.seconds
 
 
 def rank_advantages(cfg: ActorConfig, batch: Any, old: Sequence[torch.Tensor] | None,

@@ -41,6 +41,7 @@ from vime.sim.trainer.footprint import (
     TAG_WEIGHT_BUFFER,
     trainer_context_bytes,
 )
+from vime.sim.trainer.sleep_extras import SleepWakeExtras
 from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
@@ -99,10 +100,7 @@ class SimTrainer(ActorCostModel):
         self.train_calls = 0
         self._checkpoints: dict[str, int] = {}
         self.last_timings: dict[str, float] = {}
-        #: the largest micro-batch's activations since the last sleep: PyTorch keeps their blocks cached until then
-        self._cached_activations = 0
-        #: what the other processes on each of its GPUs had released when this trainer last slept
-        self._others_freed = [0] * len(self.gpus)
+        self.extras = SleepWakeExtras(self, self.gpus, name)
 
     # --- lifecycle --------------------------------------------------------------------------------
     async def init(self, *, sleep: bool | None = None) -> None:
@@ -134,15 +132,10 @@ class SimTrainer(ActorCostModel):
         its whole actor under torch_memory_saver's region and parks those blocks too: vime #442.)"""
         self._require_init("sleep")
         self.lifecycle.check("sleep")
-        env = self.cluster.env
-        t0 = float(env.now)
+        t0 = float(self.cluster.env.now)
         await self._call()
-        # Before the state leaves, the real actor fingerprints it and hands PyTorch's cached activation blocks back
-        await elapse(env, self._state_check_seconds() + self._cache_release_seconds())
-        self._cached_activations = 0
         # --train-offload-plan: the tags it leaves out stay resident ("all": params and optimizer to host)
-        await self.allocator.sleep(*offload_plan_sets(self.offload_plan))
-        self._others_freed = [g.freed_by_others(self.name) for g in self.gpus]
+        await self.extras.sleep(self.allocator, offload_plan_sets(self.offload_plan))
         self.lifecycle.apply("sleep")
         self.cluster.recorder.span(self.name, "sleep", t0, float(self.cluster.env.now))
 
@@ -150,40 +143,11 @@ class SimTrainer(ActorCostModel):
         """Seed step 37: remap every tag, copy params and optimizer back."""
         self._require_init("wake_up")
         self.lifecycle.check("wake_up")
-        env = self.cluster.env
-        t0 = float(env.now)
+        t0 = float(self.cluster.env.now)
         await self._call()
-        remaps = any(sum(self.allocator.tag_bytes(t)) for t in self.allocator.lifecycle.asleep_tags())
-        released = self._released_wake_seconds() if remaps else 0.0  # what the engines freed since the sleep
-        await self.allocator.wake_up(None)
-        # then checks the fingerprint (a plan that keeps all state resident maps nothing: the H200's plan040 run)
-        await elapse(env, released + self._state_check_seconds())
+        await self.extras.wake_up(self.allocator)
         self.lifecycle.apply("wake_up")
         self.cluster.recorder.span(self.name, "wake_up", t0, float(self.cluster.env.now))
-
-    def _largest_microbatch_bytes(self, batch: TrainBatch) -> int:
-        """A training micro-batch's activations, for the micro-batch of the batch's longest rows: the blocks PyTorch
-        keeps cached until the sleep. Taken over the sorted lengths, not the schedule's micro-batches, so the cost does
-        not depend on the order the rollout finished in (the search prices the trainer apart from the engines)."""
-        rows = max((len(mb) for r in range(self.layout.dp) for mb in batch.for_rank(r).micro_batches()), default=0)
-        lengths = sorted(batch.total_lengths, reverse=True)[:rows]
-        if not lengths:
-            return 0
-        inflight = min(self.layout.pp, max(1, max(batch.schedule.num_microbatches)))
-        return self.activation_bytes(sum(lengths), lengths) * inflight + self.loss_transient_bytes(sum(lengths))
-
-    def _released_wake_seconds(self) -> float:
-        """The slower resume onto memory other processes released since this trainer's sleep (the engines' sleep
-        just before its wake): efficiency.released_wake_s_per_gib per GiB, up to released_wake_max_s; the slowest GPU."""
-        eff = self.hw.efficiency
-        freed = [g.freed_by_others(self.name) - before for g, before in zip(self.gpus, self._others_freed, strict=True)]
-        return min(max(freed, default=0) / GiB * eff.released_wake_s_per_gib, eff.released_wake_max_s)
-
-    def _cache_release_seconds(self) -> float:
-        """The sleep's `torch.cuda.empty_cache()`: unmapping the cached activation blocks (none on a CPU)."""
-        if not self.hw.sleep_mode:
-            return 0.0
-        return self._cached_activations / GiB * self.hw.vmm.unmap_release_s_per_gib
 
     async def _call(self) -> None:
         """The fixed cost of one protocol call reaching the ranks (`Efficiency.trainer_call_s`)."""
@@ -285,7 +249,7 @@ class SimTrainer(ActorCostModel):
                 self.allocator.release("activations", transient)
             self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
         timings["actor_train_time"] = float(env.now) - t_train
-        self._cached_activations = max(self._cached_activations, self._largest_microbatch_bytes(batch))
+        self.extras.trained(batch)
         if self.train_calls == 0:
             # What the first train step leaves mapped outside the offload pools (sleep's empty_cache cannot
             # return it): flat from then on in the 2026-12-02 H200 runs; size from the profile (Software).

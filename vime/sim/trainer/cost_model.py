@@ -29,7 +29,6 @@ from vime.sim.trainer.footprint import (
     trainer_context_bytes,
 )
 from vime.sim.trainer.layout import Layout
-from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
     from vime.config import ClusterConfig, ParallelConfig
@@ -50,18 +49,6 @@ def hf_tensor_count(model: ModelSpec) -> int:
 def export_host_seconds(model: ModelSpec, hw: HardwareSpec) -> float:
     """The trainer's host work around one weight export: once, and per HF tensor (efficiency.export_*)."""
     return hw.efficiency.export_call_s + hw.efficiency.export_per_tensor_s * hf_tensor_count(model)
-
-
-def megatron_param_tensors(model: ModelSpec, pp: int = 1, stage: int = 0, ep: int = 1) -> int:
-    """Parameter tensors of a rank of pipeline `stage` in Megatron's layout: fused QKV and fc1; a MoE layer's router and
-    its local experts' fc1 and fc2 one by one (SequentialMLP); the embedding on the first stage, the final norm and an
-    untied (or pipelined) output layer on the last."""
-    m = model
-    attention = 4 + (2 if m.qk_norm else 0) + (1 if m.qkv_bias else 0)
-    moe_mlp = 1 + 2 * (m.num_experts // ep) + (2 if m.shared_expert_ffn_size else 0) if m.is_moe else 0
-    layers, moe_layers = m.layers_in_stage(pp, stage), m.moe_layers_in_stage(pp, stage)
-    n = layers * attention + moe_layers * moe_mlp + (layers - moe_layers) * 2
-    return n + (stage == 0) + (stage == pp - 1) * (1 + (not m.tie_embeddings or pp > 1))
 
 
 class ActorCostModel:
@@ -304,33 +291,6 @@ class ActorCostModel:
             return (self.hw.allgather_seconds(grads, group, inter_node=inter_node, calls=buckets),
                     self.hw.allgather_seconds(params * PARAM_BYTES, group, inter_node=inter_node, calls=buckets))
         return self.hw.allreduce_seconds(grads, group, inter_node=inter_node, calls=buckets), 0.0
-
-    def param_tensors_per_gpu(self) -> list[int]:
-        """`megatron_param_tensors` of each rank."""
-        lay = self.layout
-        return [megatron_param_tensors(self.model, lay.pp, lay.coords(r)[3], self.ep) for r in range(lay.world)]
-
-    def _state_check_seconds(self) -> float:
-        """vime's real actor proves each wake restored what its sleep kept: a sum of every parameter, fp32 main copy
-        and Adam moment, at the sleep and again after the wake (efficiency.state_check_*; the slowest rank)."""
-        eff = self.hw.efficiency
-        if not eff.state_check_bytes_per_s:
-            return 0.0
-        kept = [p * PARAM_BYTES + o * OPTIMIZER_BYTES for p, o in zip(self.params_per_gpu(), self._optimizer_shards(),
-                                                                     strict=True)]
-        return max(4 * n * eff.state_check_per_tensor_s + b / eff.state_check_bytes_per_s
-                   for n, b in zip(self.param_tensors_per_gpu(), kept, strict=True))
-
-    def _offload_floor_seconds(self) -> float:
-        """What one sleep and the next wake take at least: the state check twice and the offloaded tags' copies to the
-        host and back (0 when the trainer never sleeps; mappings, pinning and the wake onto memory the engines released
-        are left out: they depend on the engines or the pinning mode)."""
-        if not self.offload_train:
-            return 0.0
-        offloaded, _ = offload_plan_sets(self.offload_plan) if self.offload_plan != "auto" else ([], [])
-        state = self.state_bytes_per_gpu()
-        copied = max((sum(state[t][i] for t in offloaded if t in state) for i in range(self.layout.world)), default=0)
-        return 2 * self._state_check_seconds() + copied / self.hw.d2h_bytes_per_s + copied / self.hw.h2d_bytes_per_s
 
     def _backup_seconds(self) -> float:
         """The weight backup (seed step 41): the largest rank's params device → host."""
