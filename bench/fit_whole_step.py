@@ -191,16 +191,14 @@ def trainer_offload_terms(profile: dict, work: Path) -> tuple[dict[str, float], 
     """The trainer's sleep and wake beyond the allocator (section 9): the state check's per-tensor and per-byte terms in
     closed form from the 0.6B and 4B sleeps' fingerprints of PARTS_RUNS (the start-up sleep's, cold, left out), then the
     wake onto memory another process released from bench/colocated_resume.py's rows; the whole steps' resumes held out."""
-    from vime.sim.trainer.footprint import OPTIMIZER_BYTES, PARAM_BYTES
-    from vime.sim.trainer.sleep_extras import megatron_param_tensors
+    from vime.sim.trainer.sleep_extras import checked_state
 
     lines, rows = [], {}
     for run, name in PARTS_RUNS.items():
         model = model_of(name)
         parts = offload_parts(run)
         check = statistics.median(p["fingerprint"] for p in parts["sleep"][1:])
-        tensors = 4 * megatron_param_tensors(model)
-        kept = model.params_per_rank(1, 1, 0) * (PARAM_BYTES + OPTIMIZER_BYTES)
+        tensors, kept = checked_state(model, model.params_per_rank(1, 1, 0), model.params_per_rank(1, 1, 0))
         rows.setdefault(name, []).append((tensors, kept, check))
         lines.append(f"{run}: {tensors} tensors, {kept / 1e9:.2f} GB kept; sleep's check {1e3 * check:.1f} ms (median of "
                      f"{len(parts['sleep']) - 1}), wake's {1e3 * statistics.median(p['fingerprint'] for p in parts['wake']):.1f}")

@@ -28,17 +28,21 @@ def megatron_param_tensors(model: ModelSpec, pp: int = 1, stage: int = 0, ep: in
     return n + (stage == 0) + (stage == pp - 1) * (1 + (not m.tie_embeddings or pp > 1))
 
 
+def checked_state(model: ModelSpec, params: int, optimizer_params: int, pp: int = 1, stage: int = 0,
+                  ep: int = 1) -> tuple[int, int]:
+    """(tensors, bytes) the state check sums on one rank: each parameter, its fp32 main copy and Adam's two moments."""
+    return 4 * megatron_param_tensors(model, pp, stage, ep), params * PARAM_BYTES + optimizer_params * OPTIMIZER_BYTES
+
+
 def state_check_seconds(cost: ActorCostModel) -> float:
     """vime's real actor proves each wake restored what its sleep kept: a sum of every parameter, fp32 main copy and
     Adam moment, at the sleep and again after the wake (efficiency.state_check_*; the slowest rank)."""
     eff, lay = cost.hw.efficiency, cost.layout
     if not eff.state_check_bytes_per_s:
         return 0.0
-    kept = [p * PARAM_BYTES + o * OPTIMIZER_BYTES for p, o in zip(cost.params_per_gpu(), cost._optimizer_shards(),
-                                                                 strict=True)]
-    tensors = [megatron_param_tensors(cost.model, lay.pp, lay.coords(r)[3], cost.ep) for r in range(lay.world)]
-    return max(4 * n * eff.state_check_per_tensor_s + b / eff.state_check_bytes_per_s
-               for n, b in zip(tensors, kept, strict=True))
+    ranks = (checked_state(cost.model, p, o, lay.pp, lay.coords(r)[3], cost.ep)
+             for r, (p, o) in enumerate(zip(cost.params_per_gpu(), cost._optimizer_shards(), strict=True)))
+    return max(n * eff.state_check_per_tensor_s + b / eff.state_check_bytes_per_s for n, b in ranks)
 
 
 def offload_floor_seconds(cost: ActorCostModel) -> float:
