@@ -318,14 +318,18 @@ class MegatronActor(WeightCalls):
             extra = {"kl_loss": 0.0, "tis_weight": 0.0, "train_rollout_logprob_abs_diff": 0.0}
             grad_norms, tokens = [], 0
             loss_fn = partial(policy_loss, self.cfg, self.scorer)
+            parts, calls = _Parts(sync=not self.cpu), {}  # the simulator's train-phase terms are checked on these
             for step in range(len(num_mb)):
                 mbs = self._align(train_micro_batches(batch, batch.micro_batches(step), old, self._device(),
                                                       advantages=advantages, rollout_log_probs=rollout,
                                                       ref_log_probs=ref))
                 tokens += sum(int(mb.tokens.numel()) for mb in mbs)
+                parts.mark("batches")
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
-                reduced = run_schedule(self.model, mbs, False, loss_fn)
+                parts.mark("zero_grad")
+                reduced = run_schedule(self.model, mbs, False, loss_fn, calls)
+                parts.mark("schedule")
                 # The step's temporaries (fp32 grad copies, foreach buffers: 8 B/param) stay outside the
                 # offloaded tags, so a pause never copies them; Adam's moments exist already, unless the
                 # optimizer is not torch's Adam, whose state the first step then creates in its tag.
@@ -337,11 +341,15 @@ class MegatronActor(WeightCalls):
                     raise TrainerError(f"rank {self.rank}: optimizer step {step} of rollout {rollout_id} "
                                        "was skipped (non-finite gradients)")
                 grad_norms.append(float(grad_norm) if grad_norm is not None else 0.0)
+                parts.mark("optimizer")
                 for d in reduced:
                     for k in sums:
                         sums[k] += float(d[k])
                     for k in extra:
                         extra[k] += float(d.get(k, 0.0))
+                parts.mark("reduce")
+            parts.seconds.update({f"{k} (in schedule, host)": v for k, v in calls.items()})
+            parts.log(self.rank, f"train ({sum(num_mb)} micro-batches, {len(num_mb)} steps)")
             t_backup = time.perf_counter()
             self.backup_weights()  # seed step 41: export reads this backup
         t_end = time.perf_counter()
@@ -443,8 +451,8 @@ class MegatronActor(WeightCalls):
 
 
 class _Parts:
-    """Wall seconds of a sleep's or wake's parts, each after the GPU finished it (the simulator's
-    trainer offload terms are checked against them), printed to the log like the memory after a sleep."""
+    """Wall seconds of a sleep's, wake's or train's parts, each after the GPU finished it (the simulator's
+    trainer terms are checked against them), printed to the log like the memory after a sleep."""
 
     def __init__(self, sync: bool) -> None:
         self.sync = sync
@@ -455,7 +463,7 @@ class _Parts:
         if self.sync:
             torch.cuda.synchronize()
         now = time.perf_counter()
-        self.seconds[name] = now - self._t
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t  # a part met again adds up
         self._t = now
 
     def log(self, rank: int, what: str) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -130,14 +131,27 @@ def log_prob_micro_batches(batch: Any, groups: Sequence[Sequence[int]], device: 
 
 
 def run_schedule(model: Any, mbs: list[MicroBatch], forward_only: bool,
-                 loss_fn: Callable[[MicroBatch, torch.Tensor], Any]) -> list[Any]:
-    """Megatron's forward-backward schedule over `mbs` (PP = 1); returns what `loss_fn` reduced per micro-batch."""
+                 loss_fn: Callable[[MicroBatch, torch.Tensor], Any], tally: dict[str, float] | None = None) -> list[Any]:
+    """Megatron's forward-backward schedule over `mbs` (PP = 1); returns what `loss_fn` reduced per micro-batch.
+
+    `tally`, when given, adds the host's wall seconds inside the model's forward calls (`forward_calls`) and the
+    loss calls (`loss_calls`), unsynchronised: what the CPU spends launching them, or waiting where they sync."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def timed_loss(mb: MicroBatch, output: torch.Tensor) -> Any:
+        t = time.perf_counter()
+        out = loss_fn(mb, output)
+        tally["loss_calls"] = tally.get("loss_calls", 0.0) + time.perf_counter() - t
+        return out
 
     def forward_step(data_iterator: Iterator[MicroBatch], model: Any) -> tuple[torch.Tensor, Any]:
         mb = next(data_iterator)
+        t = time.perf_counter()
         logits = model(mb.tokens, mb.position_ids, None)
-        return logits, partial(loss_fn, mb)
+        if tally is None:
+            return logits, partial(loss_fn, mb)
+        tally["forward_calls"] = tally.get("forward_calls", 0.0) + time.perf_counter() - t
+        return logits, partial(timed_loss, mb)
 
     seq = max(mb.tokens.shape[1] for mb in mbs)
     return get_forward_backward_func()(
