@@ -50,6 +50,35 @@ def flops_per_step(p: dict, mbs: int, seq: int) -> dict:
             "linear_flops": linear, "attn_flops": attn, "head_flops": head}
 
 
+#: kernel classes by name fragment, first match wins (the unfused stack's elementwise kernels are what hidden-1024
+#: layers spend beyond the model's bytes: bench/data/h200_notes.md, sixteenth session)
+KERNEL_CLASSES = (("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")), ("softmax", ("softmax",)),
+                  ("reduce", ("reduce", "norm")), ("copy", ("copy", "cat", "memcpy", "memset", "fill")),
+                  ("elementwise", ("elementwise", "vectorized", "unrolled")))
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    return next((cls for cls, keys in KERNEL_CLASSES if any(k in low for k in keys)), "other")
+
+
+def kernel_table(kernels: list[tuple[str, float]], top: int = 25) -> dict:
+    """Device kernels of one step, (name, seconds) each: how many, their total, by class (count, seconds, the mean),
+    and the `top` names by time."""
+    by_class: dict[str, dict] = {}
+    by_name: dict[str, list[float]] = {}
+    for name, sec in kernels:
+        c = by_class.setdefault(kernel_class(name), {"count": 0, "s": 0.0})
+        c["count"] += 1
+        c["s"] += sec
+        by_name.setdefault(name, []).append(sec)
+    for c in by_class.values():
+        c["mean_s"] = c["s"] / c["count"]
+    names = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"count": len(kernels), "s": sum(sec for _, sec in kernels), "by_class": by_class,
+            "top": [{"name": n[:160], "count": len(v), "s": sum(v)} for n, v in names]}
+
+
 def count_params(p: dict) -> int:
     h, L, f, v = p["hidden_size"], p["num_layers"], p["ffn_hidden_size"], p["vocab_size"]
     nh, nkv, hd = p["num_attention_heads"], p["num_query_groups"], p["kv_channels"]
@@ -269,11 +298,16 @@ def main() -> int:
     ap.add_argument("--cast-bf16", action="store_true",
                     help="cast the whole module to bf16 after building it, as Megatron-LM's Float16Module "
                          "and vime's actor do (without it the local spec's torch RMSNorm weights stay fp32)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="one extra step per shape under torch.profiler: the GPU's kernels by class and the top names")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.kernels and args.device != "cuda":
+        ap.error("--kernels times the GPU's kernels; with --device cpu there are none (run it on a GPU, or drop it)")
 
     import torch
     import torch.nn.functional as F
+    from torch.profiler import record_function
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -389,20 +423,23 @@ def main() -> int:
         opt.zero_grad()
         # On the GPU Megatron builds the causal mask itself; its helper hard-codes "cuda".
         mask = None if cuda else torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1)
-        out = model(ids, pos, mask, labels=labels)
-        loss = out.float().mean()
-        sync()
+        with record_function("step_fwd"):  # the phases --kernels splits the kernels by
+            out = model(ids, pos, mask, labels=labels)
+            loss = out.float().mean()
+            sync()
         t1 = time.perf_counter()
-        loss.backward()
-        # One rank: the data-parallel all-reduce is the identity (scale 1/dp = 1). It is skipped
-        # because NCCL's own cudaMallocAsync failed on the H200 once PyTorch's cache held the
-        # activations of a 4096-token step ("Failed to CUDA calloc async 4 bytes").
-        if torch.distributed.get_world_size() > 1:
-            model.finish_grad_sync()
-        sync()
+        with record_function("step_bwd"):
+            loss.backward()
+            # One rank: the data-parallel all-reduce is the identity (scale 1/dp = 1). It is skipped
+            # because NCCL's own cudaMallocAsync failed on the H200 once PyTorch's cache held the
+            # activations of a 4096-token step ("Failed to CUDA calloc async 4 bytes").
+            if torch.distributed.get_world_size() > 1:
+                model.finish_grad_sync()
+            sync()
         t2 = time.perf_counter()
-        ok, grad_norm, _ = opt.step()
-        sync()
+        with record_function("step_opt"):
+            ok, grad_norm, _ = opt.step()
+            sync()
         t3 = time.perf_counter()
         return {"fwd_s": t1 - t0, "bwd_s": t2 - t1, "opt_s": t3 - t2, "step_s": t3 - t0,
                 "loss": float(loss.item()), "grad_norm": float(grad_norm or 0.0), "update_ok": bool(ok)}
@@ -488,6 +525,23 @@ def main() -> int:
             entry["tflops_fwd_bwd"] = entry["fwd_bwd_flops"] / (entry["fwd_s_median"] + entry["bwd_s_median"]) / 1e12
         if args.account:
             entry["accounting"] = accounted_step(mbs, seq)
+        if args.kernels:
+            from torch.autograd import DeviceType
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                one_step(mbs, seq)
+            events = prof.events()
+            # each phase ends in a synchronize, so its kernels start inside its CPU range
+            ranges = {e.name[5:]: (e.time_range.start, e.time_range.end) for e in events
+                      if e.name in ("step_fwd", "step_bwd", "step_opt") and e.device_type != DeviceType.CUDA}
+            entry["kernels"] = {}
+            for phase, (lo, hi) in ranges.items():
+                entry["kernels"][phase] = kernel_table([
+                    (e.name, e.time_range.elapsed_us() / 1e6) for e in events
+                    if e.device_type == DeviceType.CUDA and lo <= e.time_range.start <= hi])
+            print(f"  kernels: " + ", ".join(f"{ph} {k['count']} in {k['s'] * 1e3:.1f} ms" for ph, k in
+                                            entry["kernels"].items()), flush=True)
         result["shapes"].append(entry)
         print(f"megatron {args.preset} mbs={mbs} seq={seq}: fwd {entry['fwd_s_median'] * 1e3:.1f} ms "
               f"bwd {entry['bwd_s_median'] * 1e3:.1f} ms opt {entry['opt_s_median'] * 1e3:.1f} ms "

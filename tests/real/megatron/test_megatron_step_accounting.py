@@ -139,3 +139,24 @@ def test_score_buckets_scale_with_batch_times_s_squared_and_the_rest_with_tokens
     # a per-token bucket (the MLP output projection keeps its input) grows with tokens only
     fc2 = "decoder.layers.*.mlp.linear_fc2"
     assert totals[(1, 64)][fc2] == 2 * totals[(1, 32)][fc2] == totals[(2, 32)][fc2] > 0
+
+
+def test_kernel_table_classes_counts_and_ranks_the_kernels():
+    ms = _load_script()
+    table = ms.kernel_table([("sm90_xmma_gemm_bf16", 3e-4), ("vectorized_elementwise_kernel<mul>", 1e-5),
+                             ("vectorized_elementwise_kernel<mul>", 3e-5), ("cunn_SoftMaxForward", 2e-4),
+                             ("reduce_kernel<sum>", 5e-5), ("weird_kernel", 1e-6)], top=2)
+    assert table["count"] == 6 and table["s"] == pytest.approx(5.91e-4)
+    assert table["by_class"]["gemm"] == {"count": 1, "s": 3e-4, "mean_s": 3e-4}
+    assert table["by_class"]["elementwise"]["count"] == 2
+    assert table["by_class"]["elementwise"]["mean_s"] == pytest.approx(2e-5)
+    assert table["by_class"]["softmax"]["s"] == 2e-4 and table["by_class"]["other"]["count"] == 1
+    assert [t["name"] for t in table["top"]] == ["sm90_xmma_gemm_bf16", "cunn_SoftMaxForward"]
+
+
+def test_kernels_on_a_cpu_is_refused_naming_the_flag(tmp_path):
+    out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--preset", "tiny", "--kernels",
+                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--kernels" in out.stderr and "--device cpu" in out.stderr
+    assert not (tmp_path / "x.json").exists()
