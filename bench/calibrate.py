@@ -888,7 +888,14 @@ def _fit_prefill(prof: dict, rows: list[dict], where: str) -> None:
         src["efficiency.prefill_mfu"] = f"prefill FLOPs / time / bf16_flops of the {r['tokens']}-token prompt (no eager constant fitted), {where}"
 
 
-def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
+def _fit_gemm(rows: list[dict]) -> tuple[float, float]:
+    """(rate FLOP/s, fixed seconds per kernel) of t = FLOPs / rate + fixed over bench/gemm_train_sweep.py's GEMMs, least
+    squares of the relative error (every shape weighs the same)."""
+    rx, ry = _solve2([(2 * r["m"] * r["k"] * r["n"] / r["median_s"], 1 / r["median_s"], 1.0) for r in rows])
+    return 1.0 / rx, ry
+
+
+def _fit_train(prof: dict, runs: list[dict], where: str, gemm_rows: list[dict] | None = None) -> None:
     """The trainer's rates from every measured Megatron step, through the simulator's own model
     (vime.sim.trainer.compute_seconds, each run with its own software: unfused attention's s²
     matmuls and score traffic, unfused norms and elementwise kernels ride on the streaming rate).
@@ -898,6 +905,11 @@ def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
       their time per layer; 0 when no shape is host-bound;
     - train_mfu: one matmul rate, minimax of the relative error over the forward and backward of
       every shape of every run, with the floors applied.
+
+    With GEMM rows (bench/gemm_train_sweep.py) the matmuls are timed apart instead: train_mfu and train_gemm_call_s
+    from them (`_fit_gemm`), a backward of two GEMMs per forward one (train_backward_factor 2), and the Megatron steps
+    fit what is left: the unfused attention's batched products (train_attention_mfu) and the small kernels' traffic
+    per token (train_width_bytes_fwd, then _bwd), minimax as above.
     """
     _, hardware, models, trainer = _sim()
     cases = []  # (model, hardware with that run's software, lengths, fwd, bwd)
@@ -940,11 +952,11 @@ def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
     all_cases, cases = cases, [c for c in cases if gpu_bound(c)]
     left_out = [c[5] for c in all_cases if c not in cases]
 
-    def errors(x: float, y: float, k: float = 2.0, parts: tuple[int, ...] = (0, 1)) -> list[float]:
+    def errors(x: float, y: float, k: float = 2.0, parts: tuple[int, ...] = (0, 1), **more: float) -> list[float]:
         out = []
         for spec, hw, lengths, fwd, bwd, _ in cases:
             eff = with_eff(hw, train_mfu=1.0 / x, train_attention_mfu=1.0 / y if unfused else 0.0,
-                           train_backward_factor=k, **floors)
+                           train_backward_factor=k, **floors, **more)
             t = trainer.compute_seconds(spec, eff, lengths)
             out += [(t[i] - m) / m for i, m in ((0, fwd), (1, bwd)) if i in parts]
         return out
@@ -953,6 +965,9 @@ def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
     # attention's batched matmuls get their own rate when the runs have them: the max of |affine|
     # errors is convex in (1/mfu, 1/attention mfu), so nested 1-d minimax searches find it.
     unfused = any(c[1].software.train_attention == "unfused" for c in cases)
+    if gemm_rows:
+        _fit_train_on_gemms(prof, gemm_rows, errors, unfused, cases, left_out, where)
+        return
 
     def inner(y: float) -> float:
         return _minimax_1d(lambda x: errors(x, y, parts=(0,)), 1.0, 100.0, iters=80)
@@ -976,6 +991,52 @@ def _fit_train(prof: dict, runs: list[dict], where: str) -> None:
         src["efficiency.train_attention_mfu"] = (
             f"fit with train_mfu: unfused attention's batched score and value matmuls, {what}")
     src["efficiency.train_backward_factor"] = f"fit, minimax over the backwards with the forward's rates, {what}"
+
+
+def _fit_train_on_gemms(prof: dict, gemm_rows: list[dict], errors, unfused: bool, cases: list, left_out: list[str],
+                        where: str) -> None:
+    """_fit_train with the matmuls timed apart (bench/gemm_train_sweep.py): see its docstring."""
+    peak = prof["bf16_flops"]
+    rate, call = _fit_gemm(gemm_rows)
+    x, k = peak / rate, 2.0
+    # (1/attention mfu, forward bytes) then backward bytes: each error is affine in the one searched
+    def fwd_err(y: float, cf: float) -> list[float]:
+        return errors(x, y, k, parts=(0,), train_gemm_call_s=call, train_width_bytes_fwd=cf)
+
+    def inner(y: float) -> float:
+        return _minimax_1d(lambda cf: fwd_err(y, cf), 0.0, 1000.0, iters=80)
+
+    y = _minimax_1d(lambda y: fwd_err(y, inner(y)), 1.0, 100.0, iters=80) if unfused else 1.0
+    cf = inner(y)
+    cb = _minimax_1d(lambda cb: errors(x, y, k, parts=(1,), train_gemm_call_s=call, train_width_bytes_fwd=cf,
+                                       train_width_bytes_bwd=cb), 0.0, 1000.0, iters=80)
+    eff, src = prof["efficiency"], prof["sources"]
+    eff.update({"train_mfu": rate / peak, "train_backward_factor": k, "train_gemm_call_s": call,
+                "train_width_bytes_fwd": cf, "train_width_bytes_bwd": cb})
+    if unfused:
+        eff["train_attention_mfu"] = 1.0 / y
+    final = {"train_gemm_call_s": call, "train_width_bytes_fwd": cf, "train_width_bytes_bwd": cb}
+    worst_f, worst_b = (max(map(abs, errors(x, y, k, parts=(i,), **final))) for i in (0, 1))
+    gemms = (f"{len(gemm_rows)} GEMMs of bench/gemm_train_sweep.py ("
+             f"{', '.join(sorted({r['preset'] for r in gemm_rows}))} layers' forward, input- and weight-gradient "
+             f"products at {min(r['m'] for r in gemm_rows)}-{max(r['m'] for r in gemm_rows)} tokens), t = FLOPs / rate "
+             f"+ a fixed time per kernel, least squares of the relative error")
+    what = (f"{len(cases)} Megatron-core shapes ({', '.join(c[5] for c in cases)}), each with its run's software and "
+            f"the host floors, the matmuls at the GEMM rate and fixed time; max error forward {100 * worst_f:.1f} %, "
+            f"backward {100 * worst_b:.1f} %; left out as host/GPU overlap (CPU floor within 1.5x of the GPU time): "
+            f"{', '.join(left_out) or 'none'}, {where}")
+    src["efficiency.train_mfu"] = f"fit: the GEMM rate ({rate / 1e12:.0f} TFLOP/s over bf16_flops), {gemms}, {where}"
+    src["efficiency.train_gemm_call_s"] = f"fit: the fixed time per matmul kernel ({call * 1e6:.1f} us), {gemms}, {where}"
+    src["efficiency.train_backward_factor"] = ("2: a GEMM's backward is two of its size (the input's and the weight's "
+                                               f"gradients), as the GEMM rows time them ({gemms})")
+    if unfused:
+        src["efficiency.train_attention_mfu"] = (
+            f"fit with train_width_bytes_fwd, minimax over the forwards: unfused attention's batched score and value "
+            f"matmuls, {what}")
+    src["efficiency.train_width_bytes_fwd"] = (
+        f"fit with train_attention_mfu, minimax over the forwards: the small kernels' bytes per token, layer and "
+        f"element of (heads + 2 kv heads) x head dim + hidden, {what}")
+    src["efficiency.train_width_bytes_bwd"] = f"fit, minimax over the backwards with the forward's terms, {what}"
 
 
 def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response: tuple[float, float] | None = None) -> float:
@@ -1104,6 +1165,11 @@ def _unmeasured_defaults(prof: dict) -> None:
             eff[key] = 0.0
             src.setdefault(f"efficiency.{key}", "0 (the default): not measured here; the timed parts of a whole RL "
                                                 "step's trainer sleep and wake measure it (bench/fit_whole_step.py)")
+    for key in ("train_gemm_call_s", "train_width_bytes_fwd", "train_width_bytes_bwd"):
+        if key not in eff:
+            eff[key] = 0.0
+            src.setdefault(f"efficiency.{key}", "0 (the default): no GEMM rows (bench/gemm_train_sweep.py) to time the "
+                                                "matmuls apart; train_mfu takes the small kernels in")
     if "train_expert_gemm_efficiency" not in eff:
         eff["train_expert_gemm_efficiency"] = 0.7
         src.setdefault("efficiency.train_expert_gemm_efficiency", "0.7 (the default, an assumption for a grouped GEMM): "
@@ -1224,7 +1290,7 @@ def build_profile(raw: dict, vllm_raw: dict | None = None, *, name: str = "H200-
     if prof.get("bf16_flops") and pre.get("rows") and pre.get("shape", full) == full:
         _fit_prefill(prof, pre["rows"], where)
     if mg and prof.get("bf16_flops") and prof.get("hbm_bytes_per_s"):
-        _fit_train(prof, mg, where)
+        _fit_train(prof, mg, where, raw.get("gemm_train") or [])
     if vllm_raw:
         _fit_host(prof, vllm_raw, vllm_source or "the vLLM bench JSON (scripts/h200/vllm_bench.py --out)")
     if raw.get("vllm_runs"):
@@ -1683,6 +1749,10 @@ def merge_raw(parts) -> dict:
             continue
         if "phases" in part and "server_argv" in part:  # scripts/h200/vllm_bench.py --out (a TP pair)
             raw.setdefault("vllm_runs", []).append(part)
+            continue
+        if part.get("rows") and {"op", "kind", "preset"} <= set(part["rows"][0]):  # bench/gemm_train_sweep.py --out
+            if not part.get("predicted"):
+                raw.setdefault("gemm_train", []).extend(part["rows"])
             continue
         if "thp" in part and "runs" in part:  # bench/pin_cost.py --out
             raw.setdefault("pin_cost", []).append(part)

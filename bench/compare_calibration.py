@@ -60,9 +60,12 @@ DATA = ROOT / "bench" / "data"
 VLLM_FILES = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
               "h200_vllm_0.25.1_b2.json", "h200x2_vllm_0.25.1_tp1.json", "h200x2_vllm_0.25.1_tp2.json")
 EXTRA_RAW_FILES = ("h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
-                   "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json", "h200x2_nccl.json")
-#: Held out of every fit: Qwen3-4B steps, predicted before they ran (h200_megatron_qwen3-4b_predicted.json).
-HELDOUT_FILES = ("h200_megatron_qwen3-4b_heldout.json",)
+                   "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_pin_cost.json", "h200x2_nccl.json",
+                   "h200_gemm_train_sweep.json", "h200_gemm_train_sweep_repeat.json")
+#: Held out of every fit: Qwen3-4B steps, predicted before they ran (h200_megatron_qwen3-4b_predicted.json), and the
+#: eleventh lease's Qwen3-0.6B and 4B steps across the host/GPU crossover (h200_megatron_qwen3-0.6b_overlap_predicted.json)
+HELDOUT_FILES = ("h200_megatron_qwen3-4b_heldout.json", "h200_megatron_qwen3-0.6b_overlap.json",
+                 "h200_megatron_qwen3-0.6b_overlap_repeat.json", "h200_megatron_qwen3-4b_1152.json")
 
 
 def megatron_runs(raw: dict) -> list[dict]:

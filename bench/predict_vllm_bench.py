@@ -212,7 +212,8 @@ def compare(pred_path: str, run_paths: list[str]) -> int:
 HELD_OUT_BENCHES = {"h200_vllm_0.25.1.json": "qwen3-4b", "h200_vllm_0.25.1_b0_keepalive_failure.json": "qwen3-4b",
                     "h200_vllm_0.25.1_b1.json": "qwen3-4b", "h200_vllm_0.25.1_b2.json": "qwen3-4b",
                     "vllm_bench_s13/vllm_4b_host1.json": "qwen3-4b", "vllm_bench_s15/vllm_4b_s15.json": "qwen3-4b",
-                    "vllm_bench_s15/vllm_06b_s15.json": "qwen3-0.6b", "vllm_bench_s15/vllm_06b_s15b.json": "qwen3-0.6b"}
+                    "vllm_bench_s15/vllm_06b_s15.json": "qwen3-0.6b", "vllm_bench_s15/vllm_06b_s15b.json": "qwen3-0.6b",
+                    "vllm_bench_s16/vllm_06b_s16.json": "qwen3-0.6b"}
 HELD_OUT_NAMES = ("profile", "gpu_terms+k_split", "gpu_terms+bench_fit")
 
 

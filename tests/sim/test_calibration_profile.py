@@ -22,7 +22,8 @@ RAW_PATH = DATA / "h200_calibration.json"
 #: The later leases' raw files the preset was also fitted from (pinning, NCCL, the TP pair, Megatron steps).
 EXTRA_RAW_PATHS = [DATA / f for f in ("h200_pin_cost.json", "h200x2_nccl.json", "h200x2_vllm_0.25.1_tp1.json",
                                      "h200x2_vllm_0.25.1_tp2.json", "h200_megatron_qwen3-0.6b_cumem.json", "h200_megatron_1.7b_accounting.json",
-                                     "h200_megatron_1.7b_accounting_cast_bf16.json")]
+                                     "h200_megatron_1.7b_accounting_cast_bf16.json", "h200_gemm_train_sweep.json",
+                                     "h200_gemm_train_sweep_repeat.json")]
 VLLM_PATH = DATA / "h200_vllm_0.25.1.json"
 BASE_PATH = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G.json"
 PRESET = load_hardware("H200-141G-measured")
@@ -47,6 +48,7 @@ TOLERANCE = {
     "efficiency.export_call_s": 1e-12, "efficiency.export_per_tensor_s": 1e-12,
     "efficiency.train_mfu": 0.005, "efficiency.train_attention_mfu": 1e-9, "efficiency.train_backward_factor": 1e-9,
     "efficiency.train_host_fwd_s_per_layer": 1e-9, "efficiency.train_host_bwd_s_per_layer": 1e-9,
+    "efficiency.train_gemm_call_s": 1e-9, "efficiency.train_width_bytes_fwd": 1e-9, "efficiency.train_width_bytes_bwd": 1e-9,
     "vmm.create_map_s_per_gib": 1e-12, "vmm.unmap_release_s_per_gib": 1e-12, "vmm.pinned_alloc_s_per_gib": 1e-12,
     "vmm.pinned_free_s_per_gib": 0.001,
 }

@@ -85,6 +85,16 @@ class Efficiency:
     #: GPU work; Qwen3-1.7B 1×2048 67.6 ms). The estimate presets keep 0 (GPU-bound training).
     train_host_fwd_s_per_layer: float = 0.0
     train_host_bwd_s_per_layer: float = 0.0
+    #: The GPU's fixed time of each matmul kernel of a training pass, whatever its size (its ramp and tail): H200,
+    #: 17 us (t = FLOPs / rate + this fits 360 timed GEMMs of Qwen3 0.6B-4B layers: bench/gemm_train_sweep.py).
+    #: Small layers' GEMMs run well under the rate without it. 0 in the estimate presets (one rate for all).
+    train_gemm_call_s: float = 0.0
+    #: HBM bytes per token, per layer and per element of the attention's q, k, v and the residual stream
+    #: ((heads + 2 kv heads) · head dim + hidden) that an eager stack's small kernels move beyond those counted apart
+    #: (transposes, copies, adds and casts around the attention and between blocks), forward and backward. 0 in the
+    #: estimate presets (their train_mfu takes it in); H200: fitted on Megatron steps (bench/calibrate.py).
+    train_width_bytes_fwd: float = 0.0
+    train_width_bytes_bwd: float = 0.0
     allreduce_bw_util: float = 0.70
     #: All-gather / reduce-scatter bus bandwidth over the link peak; 0 = allreduce_bw_util. NCCL's
     #: all-gather ran slower than its all-reduce on the H200 pair (259 vs 311 GB/s bus bandwidth).

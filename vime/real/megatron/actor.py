@@ -327,7 +327,6 @@ class MegatronActor(WeightCalls):
                 parts.mark("batches")
                 self.model.zero_grad_buffer()
                 self.optimizer.zero_grad()
-                parts.mark("zero_grad")
                 reduced = run_schedule(self.model, mbs, False, loss_fn, calls)
                 parts.mark("schedule")
                 # The step's temporaries (fp32 grad copies, foreach buffers: 8 B/param) stay outside the
@@ -347,7 +346,6 @@ class MegatronActor(WeightCalls):
                         sums[k] += float(d[k])
                     for k in extra:
                         extra[k] += float(d.get(k, 0.0))
-                parts.mark("reduce")
             parts.seconds.update({f"{k} (in schedule, host)": v for k, v in calls.items()})
             parts.log(self.rank, f"train ({sum(num_mb)} micro-batches, {len(num_mb)} steps)")
             t_backup = time.perf_counter()
@@ -365,12 +363,7 @@ class MegatronActor(WeightCalls):
             out["log_probs_time"] = t_log_probs - t0
         if ref is not None:
             out["ref_log_probs_time"] = ref_time
-        if self.cfg.use_kl_loss:
-            out["kl_loss"] = extra["kl_loss"] / rows
-        if self.cfg.use_tis:
-            out["tis_weight"] = extra["tis_weight"] / rows
-        if self.cfg.get_mismatch_metrics and rollout is not None:
-            out["train_rollout_logprob_abs_diff"] = extra["train_rollout_logprob_abs_diff"] / rows
+        out.update(_optional_metrics(self.cfg, extra, rows, rollout is not None))
         if not self.cpu:  # what training holds, and what the last sleep left for the engines to wake beside
             out["memory"] = {**self._asleep_memory, **gpu_memory.measure("trained", self.offload)}
         return out
@@ -470,6 +463,18 @@ class _Parts:
         print(f"[vime trainer rank {rank}] {what} parts (s): " + ", ".join(
             f"{k} {v:.4f}" for k, v in self.seconds.items()), file=sys.stderr, flush=True)
         return self.seconds
+
+
+def _optional_metrics(cfg: ActorConfig, extra: Mapping[str, float], rows: float, has_rollout: bool) -> dict[str, float]:
+    """The train call's metrics that its options switch on (KL loss, TIS, the train/rollout log-prob mismatch)."""
+    out = {}
+    if cfg.use_kl_loss:
+        out["kl_loss"] = extra["kl_loss"] / rows
+    if cfg.use_tis:
+        out["tis_weight"] = extra["tis_weight"] / rows
+    if cfg.get_mismatch_metrics and has_rollout:
+        out["train_rollout_logprob_abs_diff"] = extra["train_rollout_logprob_abs_diff"] / rows
+    return out
 
 
 def rank_advantages(cfg: ActorConfig, batch: Any, old: Sequence[torch.Tensor] | None,

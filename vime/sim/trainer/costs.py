@@ -112,6 +112,19 @@ def loss_stream_bytes_per_token(model: ModelSpec, hw: HardwareSpec, tp: int = 1,
     return vocab * (VIME_LOSS_EXTRA_FWD_BYTES + VIME_ENTROPY_BYTES), vocab * VIME_LOSS_EXTRA_BWD_BYTES
 
 
+def gemm_calls(model: ModelSpec, unfused_attention: bool) -> int:
+    """Matmul kernels of one forward through the whole model: a dense layer's QKV, output, MLP up and down projections,
+    a MoE layer's two attention ones (its experts' are the MoE terms'), the output head, and the unfused attention's
+    two batched products per layer. A backward runs two of each (input and weight gradients)."""
+    moe = len(model.moe_layers)
+    return 4 * (model.num_layers - moe) + 2 * moe + 1 + (2 * model.num_layers if unfused_attention else 0)
+
+
+def layer_width(model: ModelSpec) -> int:
+    """Elements per token per layer of the attention's q, k, v and the residual stream (Efficiency.train_width_bytes_*)."""
+    return (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim + model.hidden_size
+
+
 def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1,
                     local_experts: int = 0, gpu_extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
@@ -121,7 +134,9 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     score and value matmuls run over the full s × s matrix at `train_attention_mfu`, and every score element costs
     UNFUSED_SCORE_FWD/BWD_BYTES of memory traffic at the streaming rate; the matmuls' backward
     is 2 × their forward (fitted on the H200: bench/data/h200_megatron_1.7b_accounting.json).
-    Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`),
+    Unfused norms and elementwise kernels add their traffic (`software_stream_bytes_per_token`), each matmul kernel
+    its fixed time (`train_gemm_call_s`, `gemm_calls`) and the eager stack's small kernels theirs per token
+    (`train_width_bytes_*` per element of `layer_width`),
     and neither direction runs faster than the CPU launches it (`train_host_*_s_per_layer`, plus
     `train_host_s_per_expert` for each of a MoE layer's `local_experts` where the stack runs them one by one); the
     GPU time counted elsewhere (`gpu_extra`, forward and backward: the experts' beyond the dense rate, the loss's
@@ -145,8 +160,15 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         elements = model.score_elements(lengths) / ranks
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
-    fwd, bwd = fwd + gpu_extra[0], bwd + gpu_extra[1]
     eff = hw.efficiency
+    # each matmul kernel's fixed time (the whole model's, stage after stage) and the small kernels' traffic per token
+    calls = gemm_calls(model, hw.software.train_attention == "unfused") * eff.train_gemm_call_s
+    # (an eager stack's: a fused one's kernels do these copies and adds inside others)
+    eager = hw.software.train_elementwise == "unfused"
+    width = tokens * layer_width(model) * model.num_layers / ranks / stream if eager else 0.0
+    fwd += calls + width * eff.train_width_bytes_fwd
+    bwd += eff.train_backward_factor * calls + width * eff.train_width_bytes_bwd
+    fwd, bwd = fwd + gpu_extra[0], bwd + gpu_extra[1]
     experts = eff.train_host_s_per_expert * local_experts * len(model.moe_layers)
     host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers + experts
     host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers + experts
