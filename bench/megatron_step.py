@@ -6,7 +6,8 @@
 (`--cpu-bf16` builds the model in bf16 as on the GPU). After the timed steps of each shape one
 extra, untimed step is accounted (`--no-account` turns it off): memory by phase on CUDA, and on
 any device the bytes autograd saves for the backward, by storage, grouped by the module that
-saved them (issue 12: where the activation model misses bytes).
+saved them (issue 12: where the activation model misses bytes). `--kernels` (GPU only) profiles one more step per
+shape and keeps the GPU's kernels per phase by class and the top names (where an eager stack's time goes).
 """
 
 from __future__ import annotations
