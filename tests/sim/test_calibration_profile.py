@@ -298,3 +298,22 @@ def test_tp_host_scale_needs_a_tp_pair(tmp_path: Path):
     im1 = IterationModel.build(hw, load_model("Qwen3-4B"), EngineSettings(tp=1))
     im2 = IterationModel.build(hw, load_model("Qwen3-4B"), EngineSettings(tp=2))
     assert im2.host(64) == pytest.approx(im1.host(64) * hw.efficiency.host_step_tp_scale)
+
+
+def test_gemm_rows_give_their_rate_and_fixed_time_and_a_prediction_file_is_not_read():
+    rate, fixed = 700e12, 15e-6
+    rows = [{"preset": "p", "op": "o", "kind": "fwd", "m": m, "k": k, "n": n,
+             "median_s": 2 * m * k * n / rate + fixed} for m in (1024, 8192) for k, n in ((1024, 4096), (2048, 2048))]
+    got_rate, got_fixed = CAL._fit_gemm(rows)
+    assert got_rate == pytest.approx(rate, rel=1e-9) and got_fixed == pytest.approx(fixed, rel=1e-9)
+    raw = CAL.merge_raw([{"rows": rows, "predicted": False}, {"rows": rows[:1], "predicted": True}])
+    assert raw["gemm_train"] == rows
+
+
+def test_the_measured_train_terms_come_from_the_gemm_rows(rebuilt: Path):
+    data = json.loads(rebuilt.read_text())
+    eff, src = data["efficiency"], data["sources"]
+    assert eff["train_backward_factor"] == 2.0 and eff["train_gemm_call_s"] > 0
+    assert "gemm_train_sweep" in src["efficiency.train_mfu"] and "1.7b" in src["efficiency.train_width_bytes_fwd"]
+    # fitted on the 1.7B steps only: the 0.6B and 4B steps are held out
+    assert "qwen3-0.6b 8x" not in src["efficiency.train_width_bytes_fwd"]

@@ -657,3 +657,38 @@ def test_comparison_counts_improve_and_stay():
     assert all(math.isfinite(r["predicted"]) for r in rows)
     # every vLLM row counts every run that measured it
     assert {r["n"] for r in tp1} <= {3, 4, 5}
+
+
+def test_matmul_kernels_and_the_eager_stacks_width_traffic():
+    """Each matmul kernel's fixed time and the eager stack's bytes per token and layer width, as compute_seconds adds
+    them: counted per kernel of the whole model (two per forward one in the backward), the traffic split over the
+    ranks, none of it on a fused stack."""
+    from vime.sim.trainer.costs import gemm_calls, layer_width, streaming_bytes_per_s
+
+    eff = MEASURED.efficiency
+    assert eff.train_gemm_call_s > 0 and eff.train_width_bytes_fwd > 0 and eff.train_width_bytes_bwd > 0
+    m, lengths = load_model("Qwen3-0.6B"), [1152] * 8
+    # 4 projections per dense layer, the head, the unfused attention's 2 batched products per layer
+    assert gemm_calls(m, True) == 6 * m.num_layers + 1 and gemm_calls(m, False) == 4 * m.num_layers + 1
+    moe = load_model("Qwen3-30B-A3B")
+    assert gemm_calls(moe, False) == 4 * (moe.num_layers - len(moe.moe_layers)) + 2 * len(moe.moe_layers) + 1
+    assert layer_width(m) == (16 + 2 * 8) * 128 + 1024
+    floorless = dataclasses.replace(MEASURED, efficiency=dataclasses.replace(
+        eff, train_host_fwd_s_per_layer=0.0, train_host_bwd_s_per_layer=0.0))
+
+    def without(hw: HardwareSpec, **zero: float) -> HardwareSpec:
+        return dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **zero))
+
+    for ranks in (1, 2):
+        fwd, bwd = compute_seconds(m, floorless, lengths, ranks)
+        f0, b0 = compute_seconds(m, without(floorless, train_gemm_call_s=0.0), lengths, ranks)
+        calls = gemm_calls(m, True) * eff.train_gemm_call_s
+        assert fwd - f0 == pytest.approx(calls) and bwd - b0 == pytest.approx(eff.train_backward_factor * calls)
+        f1, b1 = compute_seconds(m, without(floorless, train_width_bytes_fwd=0.0, train_width_bytes_bwd=0.0),
+                                 lengths, ranks)
+        per_byte = sum(lengths) * layer_width(m) * m.num_layers / ranks / streaming_bytes_per_s(MEASURED)
+        assert fwd - f1 == pytest.approx(per_byte * eff.train_width_bytes_fwd)
+        assert bwd - b1 == pytest.approx(per_byte * eff.train_width_bytes_bwd)
+    fused = dataclasses.replace(floorless, software=dataclasses.replace(MEASURED.software, train_elementwise="fused"))
+    no_width = without(fused, train_width_bytes_fwd=0.0, train_width_bytes_bwd=0.0)
+    assert compute_seconds(m, fused, lengths) == compute_seconds(m, no_width, lengths)
