@@ -131,6 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=_repeats, default=2)
     ap.add_argument("--budget-s", type=_seconds, default=45.0,
                     help="start no row after this many seconds (0: no limit); the rows run are kept")
+    ap.add_argument("--rdma", action="store_true",
+                    help="allocate as vLLM's CuMem pool does: GPUDirect-RDMA capable where the GPU supports it")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -192,17 +194,33 @@ def give_back(drv, held: list[tuple[int, object]], nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def neighbour(conn) -> None:
+def make_driver(rdma: bool):
+    """A CudaDriver whose allocations are, with `rdma`, GPUDirect-RDMA capable where the GPU supports it, as vLLM's
+    CuMem pool asks for (its cuDeviceGetAttribute check); returns (driver, whether the flag is set)."""
+    from vime.real.cumem.cuda_driver import CudaDriver
+
+    drv = CudaDriver(0)
+    if not rdma:
+        return drv, False
+    cu = drv.cu
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+    err, supported = cu.cuDeviceGetAttribute(attr, 0)
+    if int(err) != 0 or not supported:
+        return drv, False
+    drv._prop.allocFlags.gpuDirectRDMACapable = 1
+    return drv, True
+
+
+def neighbour(conn, rdma: bool = False) -> None:
     """The second process on the GPU: on ("take", bytes, chunks) it maps, writes and gives back, and replies with its
     seconds (or {"error": ...}); on ("exit",), a closed pipe or Ctrl-C it stops."""
     import torch
 
-    from vime.real.cumem.cuda_driver import CudaDriver
     from vime.real.cumem.driver import DriverError
 
     try:
         torch.cuda.init()
-        drv = CudaDriver(0)
+        drv, _ = make_driver(rdma)
         held, _ = take(drv, GIB, 2)  # warm: the first mapping and the first fill_ pay one-time costs
         write(held, GIB)
         give_back(drv, held, GIB)
@@ -275,15 +293,14 @@ def run_row(drv, conn, proc, size: float, chunks: int, condition: str, settle_s:
 def sweep(args: argparse.Namespace, out_path: Path, t_start: float) -> int:
     import torch
 
-    from vime.real.cumem.cuda_driver import CudaDriver
 
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=neighbour, args=(child,), daemon=True)
+    proc = ctx.Process(target=neighbour, args=(child, args.rdma), daemon=True)
     proc.start()  # its start (~5 s) overlaps this process's
     try:
         torch.cuda.init()
-        drv = CudaDriver(0)
+        drv, rdma = make_driver(args.rdma)
         held, _ = take(drv, GIB, 2)  # warm, as the neighbour does
         write(held, GIB)
         give_back(drv, held, GIB)
@@ -300,7 +317,7 @@ def sweep(args: argparse.Namespace, out_path: Path, t_start: float) -> int:
                         "torch": torch.__version__, "cuda": torch.version.cuda,
                         "driver": int(driver) if int(err) == 0 else None, "granularity": drv.granularity,
                         "sizes_gib": args.sizes, "chunks": args.chunks, "settle_s": args.settle_s,
-                        "repeats": args.repeats, "budget_s": args.budget_s, "argv": sys.argv,
+                        "repeats": args.repeats, "rdma": rdma, "budget_s": args.budget_s, "argv": sys.argv,
                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "planned_rows": len(plan), "skipped_rows": 0,
                         "wall_s": 0.0, "rows": [], "summary": []}
         for i, (repeat, size, chunks, condition) in enumerate(plan):
