@@ -13,7 +13,11 @@ in turn) so host drift falls on all alike:
     neighbour_now      a second process on the GPU maps, writes and gives back N GiB; this one maps N GiB at once
     neighbour_settled  the same, waiting --settle-s after the neighbour's reply
     unwritten_now      as self_now, but the first mapping is never written (do dirtied pages cost?)
+    torch_settled      the neighbour takes N GiB through PyTorch's caching allocator in mixed-size tensors (2-512 MiB,
+                       as a trainer's activations), writes and frees them, empties its cache; --settle-s; then map
+    torch_holes_settled  the same, but the neighbour keeps every 16th tensor through the timed mapping (~6 % of N)
 
+(--conditions picks; the first five by default.)
 Each timed mapping records its reserve/create/map seconds, create+map per chunk (does the cost rise partway?), the first
 write of the mapped memory (fill_ + synchronize: where a lazy driver would pay) and the give-back; the JSON is rewritten
 after every row. The default plan (4 sizes x 5 conditions x 2 repeats, 16 settles of 1 s) takes about 30-45 s on an
@@ -39,14 +43,30 @@ from bench.colocated_resume import _Mapped  # noqa: E402  (after the path: bench
 
 GIB = 1 << 30
 MARGIN = GIB  # left free beyond the largest mapping: the two processes' contexts grow a little as they run
-CONDITIONS = ("self_now", "self_settled", "neighbour_now", "neighbour_settled", "unwritten_now")
+CONDITIONS = ("self_now", "self_settled", "neighbour_now", "neighbour_settled", "unwritten_now", "torch_settled",
+              "torch_holes_settled")
+DEFAULT_CONDITIONS = CONDITIONS[:5]
+HOLE_EVERY = 16  # torch_holes_settled: the neighbour keeps every 16th of its tensors (~6 %) through the timed mapping
+TORCH_MIB = (2, 8, 20, 64, 150, 288, 512)  # a trainer's activations: many tensors of mixed sizes
 NO_GPU = "vmm_sweep.py: needs a CUDA GPU (none here); run it on the lent H200 through the device tool"
 
 
 # --- the plan (pure) ------------------------------------------------------------------------------
-def schedule(sizes: list[float], chunks: list[int], repeats: int) -> list[tuple[int, float, int, str]]:
+def schedule(sizes: list[float], chunks: list[int], repeats: int,
+             conditions: tuple[str, ...] = DEFAULT_CONDITIONS) -> list[tuple[int, float, int, str]]:
     """(repeat, size GiB, chunks, condition) in run order: each repeat runs every size, chunk count and condition."""
-    return [(r, s, c, cond) for r in range(repeats) for s in sizes for c in chunks for cond in CONDITIONS]
+    return [(r, s, c, cond) for r in range(repeats) for s in sizes for c in chunks for cond in conditions]
+
+
+def torch_sizes(nbytes: int, seed: int = 0) -> list[int]:
+    """Tensor sizes (bytes) of mixed MiB, drawn with a fixed seed, that together hold about `nbytes`."""
+    import random
+
+    rng, out, left = random.Random(seed), [], nbytes
+    while left > 0:
+        out.append(min(rng.choice(TORCH_MIB) << 20, left))
+        left -= out[-1]
+    return out
 
 
 def chunk_bytes(size_gib: float, chunks: int, granularity: int) -> int:
@@ -113,6 +133,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _conditions(text: str) -> tuple[str, ...]:
+    chosen = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in chosen if c not in CONDITIONS]
+    if not chosen or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(CONDITIONS)}, not {text!r}")
+    return chosen
+
+
 def _repeats(text: str) -> int:
     try:
         value = int(text)
@@ -129,6 +157,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--chunks", type=_chunks, default=[28], help="allocations each size is split into (1,28: both)")
     ap.add_argument("--settle-s", type=_seconds, default=1.0, help="the settled conditions' wait after the release")
     ap.add_argument("--repeats", type=_repeats, default=2)
+    ap.add_argument("--conditions", type=_conditions, default=DEFAULT_CONDITIONS,
+                    help=f"comma-separated, of {', '.join(CONDITIONS)} (default: the first five)")
     ap.add_argument("--budget-s", type=_seconds, default=45.0,
                     help="start no row after this many seconds (0: no limit); the rows run are kept")
     ap.add_argument("--rdma", action="store_true",
@@ -225,10 +255,14 @@ def neighbour(conn, rdma: bool = False) -> None:
         write(held, GIB)
         give_back(drv, held, GIB)
         conn.send("ready")
+        kept: list = []  # torch_holes_settled's tensors, held through the timed mapping
         while True:
             msg = conn.recv()
             if msg[0] == "exit":
                 return
+            if msg[0] in ("torch", "drop"):
+                conn.send(through_torch(kept, *msg[1:]))
+                continue
             _, nbytes, chunks = msg
             try:
                 held, t = take(drv, nbytes, chunks)
@@ -238,6 +272,25 @@ def neighbour(conn, rdma: bool = False) -> None:
             conn.send({"map_s": t["total_s"], "write_s": write(held, nbytes), "give_back_s": give_back(drv, held, nbytes)})
     except (KeyboardInterrupt, EOFError):  # Ctrl-C reaches both processes; a closed pipe means the sweep is gone
         return
+
+
+def through_torch(kept: list, nbytes: int = 0, keep_every: int = 0) -> dict:
+    """The neighbour's torch conditions: take `nbytes` in mixed-size tensors through PyTorch's caching allocator, write
+    them, free all but every `keep_every`-th, give the cache back; with nbytes 0 free what was kept."""
+    import torch
+
+    t0 = time.perf_counter()
+    tensors = [torch.ones(n, dtype=torch.uint8, device="cuda") for n in torch_sizes(nbytes)]
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    if not nbytes:
+        kept.clear()
+    kept.extend(t for i, t in enumerate(tensors) if keep_every and i % keep_every == keep_every - 1)
+    del tensors
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    return {"map_s": t1 - t0, "write_s": 0.0, "give_back_s": time.perf_counter() - t1,
+            "kept_gib": sum(t.numel() for t in kept) / GIB}
 
 
 def _answer(conn, proc, what: str, timeout: float = 120.0):
@@ -270,7 +323,10 @@ def run_row(drv, conn, proc, size: float, chunks: int, condition: str, settle_s:
     n = chunk_bytes(size, chunks, drv.granularity)
     row: dict = {"chunk_bytes": n, "mapped_gib": n * chunks / GIB}
     try:
-        if condition.startswith("neighbour"):
+        if condition.startswith("torch"):
+            conn.send(("torch", n * chunks, HOLE_EVERY if "holes" in condition else 0))
+            prep = _answer(conn, proc, "torch")
+        elif condition.startswith("neighbour"):
             conn.send(("take", n, chunks))
             prep = _answer(conn, proc, "take")
             if "error" in prep:
@@ -287,6 +343,10 @@ def run_row(drv, conn, proc, size: float, chunks: int, condition: str, settle_s:
         timed["give_back_s"] = give_back(drv, held, n)
     except DriverError as e:  # e.g. out of memory because a release has not landed yet: a finding, keep sweeping
         return {**row, "error": str(e)}
+    finally:
+        if "holes" in condition:
+            conn.send(("drop",))
+            _answer(conn, proc, "drop")
     return {**row, **timed, "prep": prep}
 
 
@@ -312,7 +372,7 @@ def sweep(args: argparse.Namespace, out_path: Path, t_start: float) -> int:
             return 2
         props = torch.cuda.get_device_properties(0)
         err, driver = drv.cu.cuDriverGetVersion()
-        plan = schedule(args.sizes, args.chunks, args.repeats)
+        plan = schedule(args.sizes, args.chunks, args.repeats, args.conditions)
         result: dict = {"device": props.name, "total_gib": total / GIB, "free_gib_at_start": free / GIB,
                         "torch": torch.__version__, "cuda": torch.version.cuda,
                         "driver": int(driver) if int(err) == 0 else None, "granularity": drv.granularity,

@@ -69,7 +69,7 @@ def test_good_arguments_parse_to_lists(vs) -> None:
 
 def test_the_schedule_interleaves_repeat_then_size_then_chunks_then_condition(vs) -> None:
     plan = vs.schedule([8.0, 124.0], [1, 28], 2)
-    conds = list(vs.CONDITIONS)
+    conds = list(vs.DEFAULT_CONDITIONS)
     assert conds == ["self_now", "self_settled", "neighbour_now", "neighbour_settled", "unwritten_now"]
     assert len(plan) == 2 * 2 * 2 * 5
     assert plan[:5] == [(0, 8.0, 1, c) for c in conds]
@@ -172,3 +172,21 @@ def test_a_failed_take_gives_back_what_it_took(vs, fail: dict) -> None:
     with pytest.raises(drv.error):
         vs.take(drv, 2 * MIB, 6)
     assert not (drv.mapped or drv.handles or drv.reserved)
+
+
+def test_a_chosen_subset_of_conditions_is_all_the_plan_runs(vs) -> None:
+    plan = vs.schedule([47.0], [28], 2, ("self_settled", "torch_holes_settled"))
+    assert [p[3] for p in plan] == ["self_settled", "torch_holes_settled"] * 2
+
+
+def test_an_unknown_condition_is_refused_naming_the_flag(vs, capsys) -> None:
+    with pytest.raises(SystemExit):
+        vs.parse_args(["--conditions", "self_settled,neighbor_now", "--out", "x.json"])
+    assert "--conditions" in capsys.readouterr().err
+
+
+def test_the_torch_tensors_hold_the_size_in_mixed_sizes_and_are_the_same_each_run(vs) -> None:
+    sizes = vs.torch_sizes(82 * GIB)
+    assert sum(sizes) == 82 * GIB
+    assert {s >> 20 for s in sizes[:-1]} == set(vs.TORCH_MIB)  # every size drawn, the last one cut to fit
+    assert sizes == vs.torch_sizes(82 * GIB)
