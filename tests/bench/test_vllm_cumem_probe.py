@@ -1,0 +1,42 @@
+"""bench/vllm_cumem_probe.py on a machine without a GPU: it refuses in one line, after proving --out writable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "vllm_cumem_probe.py"
+
+
+def run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env_extra or {})}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_without_a_gpu_it_refuses_in_one_line_after_writing_out(tmp_path) -> None:
+    out = tmp_path / "p.json"
+    proc = run("--size", "4", "--out", str(out))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vllm_cumem_probe.py: needs")
+    assert out.read_text() == "{}\n"
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--size", "-1"), ("--size", "nan"), ("--settles", "0,inf"),
+                                              ("--chunks", "0")])
+def test_bad_input_names_the_flag_and_writes_nothing(tmp_path, flag, value) -> None:
+    out = tmp_path / "p.json"
+    args = ["--size", "4", "--out", str(out)]
+    if flag == "--size":
+        args[1] = value
+    else:
+        args += [flag, value]
+    proc = run(*args)
+    assert proc.returncode == 2 and flag in proc.stderr.strip().splitlines()[-1]
+    assert not out.exists()
