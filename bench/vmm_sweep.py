@@ -161,6 +161,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"comma-separated, of {', '.join(CONDITIONS)} (default: the first five)")
     ap.add_argument("--budget-s", type=_seconds, default=45.0,
                     help="start no row after this many seconds (0: no limit); the rows run are kept")
+    ap.add_argument("--reuse-va", action="store_true",
+                    help="map back into the address ranges the release kept, as vLLM's sleep and wake do")
     ap.add_argument("--rdma", action="store_true",
                     help="allocate as vLLM's CuMem pool does: GPUDirect-RDMA capable where the GPU supports it")
     ap.add_argument("--out", required=True)
@@ -168,17 +170,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --- mapping, writing, giving back ----------------------------------------------------------------
-def take(drv, nbytes: int, chunks: int) -> tuple[list[tuple[int, object]], dict]:
-    """Map `chunks` allocations of `nbytes` as vLLM's CuMem pool does (an address range, a handle, map + access each);
-    on a failure give back what was taken and raise."""
+def take(drv, nbytes: int, chunks: int, vas: list[int] | None = None) -> tuple[list[tuple[int, object]], dict]:
+    """Map `chunks` allocations of `nbytes` as vLLM's CuMem pool does (an address range, a handle, map + access each;
+    into `vas`, ranges already reserved, where given: vLLM's wake maps back into the ranges its sleep kept); on a
+    failure give back what was taken and raise."""
     held: list[tuple[int, object]] = []
     t = {"reserve_s": 0.0, "create_s": 0.0, "map_s": 0.0, "chunk_s": []}
     va = handle = None
     t0 = time.perf_counter()
     try:
-        for _ in range(chunks):
+        for k in range(chunks):
             a = time.perf_counter()
-            va = drv.reserve(nbytes)
+            va = vas[k] if vas else drv.reserve(nbytes)
             b = time.perf_counter()
             handle = drv.create(nbytes)
             c = time.perf_counter()
@@ -191,10 +194,10 @@ def take(drv, nbytes: int, chunks: int) -> tuple[list[tuple[int, object]], dict]
             t["map_s"] += d - c
             t["chunk_s"].append(round(d - b, 7))
     except BaseException:
-        give_back(drv, held, nbytes)
+        give_back(drv, held, nbytes, keep_va=bool(vas))
         if handle is not None:
             drv.release(handle)
-        if va is not None:
+        if va is not None and not vas:
             drv.free_address(va, nbytes)
         raise
     t["total_s"] = time.perf_counter() - t0
@@ -212,13 +215,15 @@ def write(held: list[tuple[int, object]], nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def give_back(drv, held: list[tuple[int, object]], nbytes: int) -> float:
-    """Seconds to unmap, release and free the address of each chunk, then synchronize."""
+def give_back(drv, held: list[tuple[int, object]], nbytes: int, keep_va: bool = False) -> float:
+    """Seconds to unmap, release and (unless `keep_va`: vLLM's sleep keeps them) free the address of each chunk, then
+    synchronize."""
     t0 = time.perf_counter()
     for va, handle in held:
         drv.unmap(va, nbytes)
         drv.release(handle)
-        drv.free_address(va, nbytes)
+        if not keep_va:
+            drv.free_address(va, nbytes)
     drv.synchronize()
     held.clear()
     return time.perf_counter() - t0
@@ -316,12 +321,14 @@ def _stop(conn, proc) -> None:
 
 
 # --- the sweep ------------------------------------------------------------------------------------
-def run_row(drv, conn, proc, size: float, chunks: int, condition: str, settle_s: float) -> dict:
-    """Release N GiB as `condition` says, then time mapping N GiB, its first write and its give-back."""
+def run_row(drv, conn, proc, size: float, chunks: int, condition: str, settle_s: float, reuse_va: bool = False) -> dict:
+    """Release N GiB as `condition` says, then time mapping N GiB, its first write and its give-back (with `reuse_va`,
+    this process's mappings go into address ranges reserved once for the row, as vLLM's sleep and wake do)."""
     from vime.real.cumem.driver import DriverError
 
     n = chunk_bytes(size, chunks, drv.granularity)
     row: dict = {"chunk_bytes": n, "mapped_gib": n * chunks / GIB}
+    vas = [drv.reserve(n) for _ in range(chunks)] if reuse_va else None
     try:
         if condition.startswith("torch"):
             conn.send(("torch", n * chunks, HOLE_EVERY if "holes" in condition else 0))
@@ -332,18 +339,20 @@ def run_row(drv, conn, proc, size: float, chunks: int, condition: str, settle_s:
             if "error" in prep:
                 return {**row, "error": f"neighbour: {prep['error']}", "prep": prep}
         else:
-            held, t = take(drv, n, chunks)
+            held, t = take(drv, n, chunks, vas)
             prep = {"map_s": t["total_s"], "write_s": 0.0 if condition == "unwritten_now" else write(held, n)}
-            prep["give_back_s"] = give_back(drv, held, n)
+            prep["give_back_s"] = give_back(drv, held, n, keep_va=reuse_va)
         if condition.endswith("settled"):
             time.sleep(settle_s)
         row["free_before_gib"] = drv.device_free()[0] / GIB
-        held, timed = take(drv, n, chunks)
+        held, timed = take(drv, n, chunks, vas)
         timed["first_write_s"] = write(held, n)
-        timed["give_back_s"] = give_back(drv, held, n)
+        timed["give_back_s"] = give_back(drv, held, n, keep_va=reuse_va)
     except DriverError as e:  # e.g. out of memory because a release has not landed yet: a finding, keep sweeping
         return {**row, "error": str(e)}
     finally:
+        for va in vas or ():
+            drv.free_address(va, n)
         if "holes" in condition:
             conn.send(("drop",))
             _answer(conn, proc, "drop")
@@ -377,7 +386,7 @@ def sweep(args: argparse.Namespace, out_path: Path, t_start: float) -> int:
                         "torch": torch.__version__, "cuda": torch.version.cuda,
                         "driver": int(driver) if int(err) == 0 else None, "granularity": drv.granularity,
                         "sizes_gib": args.sizes, "chunks": args.chunks, "settle_s": args.settle_s,
-                        "repeats": args.repeats, "rdma": rdma, "budget_s": args.budget_s, "argv": sys.argv,
+                        "repeats": args.repeats, "rdma": rdma, "reuse_va": args.reuse_va, "budget_s": args.budget_s, "argv": sys.argv,
                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "planned_rows": len(plan), "skipped_rows": 0,
                         "wall_s": 0.0, "rows": [], "summary": []}
         for i, (repeat, size, chunks, condition) in enumerate(plan):
@@ -386,7 +395,7 @@ def sweep(args: argparse.Namespace, out_path: Path, t_start: float) -> int:
                 print(f"budget of {args.budget_s:g} s spent: {len(plan) - i} of {len(plan)} rows not run", flush=True)
                 break
             row = {"repeat": repeat, "size_gib": size, "chunks": chunks, "condition": condition,
-                   **run_row(drv, conn, proc, size, chunks, condition, args.settle_s)}
+                   **run_row(drv, conn, proc, size, chunks, condition, args.settle_s, args.reuse_va)}
             result["rows"].append(row)
             result["summary"] = summarize(result["rows"])
             result["wall_s"] = time.perf_counter() - t_start

@@ -190,3 +190,14 @@ def test_the_torch_tensors_hold_the_size_in_mixed_sizes_and_are_the_same_each_ru
     assert sum(sizes) == 82 * GIB
     assert {s >> 20 for s in sizes[:-1]} == set(vs.TORCH_MIB)  # every size drawn, the last one cut to fit
     assert sizes == vs.torch_sizes(82 * GIB)
+
+
+def test_reused_ranges_are_mapped_into_and_kept_at_the_give_back(vs) -> None:
+    drv = _FakeDriver()
+    vas = [drv.reserve(2 * MIB) for _ in range(3)]
+    held, _ = vs.take(drv, 2 * MIB, 3, vas)
+    assert [va for va, _ in held] == vas
+    vs.give_back(drv, held, 2 * MIB, keep_va=True)
+    assert set(vas) <= drv.reserved and not drv.mapped  # unmapped, released, the ranges still reserved
+    held, _ = vs.take(drv, 2 * MIB, 3, vas)
+    assert [va for va, _ in held] == vas
