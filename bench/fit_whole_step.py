@@ -176,7 +176,9 @@ PARTS_RUNS = {"qwen3-0.6b-cumem-1g-mbs8_2026-12-04s15": "qwen3-0.6b",
 #: the eleventh lease's runs with the same timed parts, held out of section 9 (the 0.35-utilization engines release
 #: about 49 GiB before the trainer's wake, under the ceiling)
 HELD_OUT_PARTS_RUNS = ("qwen3-0.6b-cumem-1g-mbs8-util035_2026-12-04s16", "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s16",
-                       "qwen3-0.6b-cumem-1g-mbs8-r512_2026-12-04s16", "qwen3-0.6b-cumem-1g-mbs4_2026-12-04s16")
+                       "qwen3-0.6b-cumem-1g-mbs8-r512_2026-12-04s16", "qwen3-0.6b-cumem-1g-mbs4_2026-12-04s16",
+                       "qwen3-4b-cumem-1g-mbs2_2026-12-04s17", "qwen3-0.6b-cumem-1g-mbs8-util060_2026-12-04s17",
+                       "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s17")
 #: bench/colocated_resume.py rows the released-memory terms are fitted on (the neighbour gave back right before the
 #: resume); the others (a 75 GiB neighbour, a settle before the resume) are held out
 RESUME_FIT_FILES = ("neighbour25.json", "neighbour50.json", "neighbour100.json")
@@ -326,6 +328,12 @@ RUN_SPECS = {
     "qwen3-0.6b-cumem-1g-mbs2_2026-12-04s16": ("qwen3-0.6b", "cumem", {"MBS": "2"}),
     "qwen3-0.6b-cumem-1g-mbs8-r512_2026-12-04s16": ("qwen3-0.6b", "cumem", {"MBS": "8", "RESPONSE_LEN": "512"}),
     "qwen3-0.6b-cumem-1g-mbs1_2026-12-04s16": ("qwen3-0.6b", "cumem", {"MBS": "1"}),
+    # the twelfth lease, one machine in this order, predicted on 54639c6's profile (predicted_2026-12-04s16_next_*)
+    # before it ran; nothing fitted on them
+    "qwen3-4b-cumem-1g-mbs2_2026-12-04s17": ("qwen3-4b", "cumem", {"MBS": "2"}),
+    "qwen3-0.6b-cumem-1g-mbs8-util060_2026-12-04s17": ("qwen3-0.6b", "cumem", {
+        "MBS": "8", "EXTRA_ARGS": "--gpu-memory-utilization 0.6"}),
+    "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s17": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
 }
 
 
