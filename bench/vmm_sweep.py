@@ -100,27 +100,26 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 # --- arguments ------------------------------------------------------------------------------------
-def _sizes(text: str) -> list[float]:
+def _listed(text: str, kind, what: str, ok, need: str) -> list:
+    """A comma-separated list of `kind`, each passing `ok`; else one error saying what each must be."""
     try:
-        sizes = [float(s) for s in text.split(",") if s.strip()]
+        values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of GiB: {text!r}") from None
-    if not sizes:
-        raise argparse.ArgumentTypeError("no sizes given")
-    for s in sizes:
-        if not (math.isfinite(s) and s > 0):
-            raise argparse.ArgumentTypeError(f"each size must be a positive finite GiB, not {s:g}")
-    return sizes
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of {what}: {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"no {what} given")
+    for v in values:
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"each {need}, not {v:g}")
+    return values
+
+
+def _sizes(text: str) -> list[float]:
+    return _listed(text, float, "GiB", lambda s: math.isfinite(s) and s > 0, "size must be a positive finite GiB")
 
 
 def _chunks(text: str) -> list[int]:
-    try:
-        chunks = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of counts: {text!r}") from None
-    if not chunks or min(chunks) < 1:
-        raise argparse.ArgumentTypeError(f"each chunk count must be at least 1: {text!r}")
-    return chunks
+    return _listed(text, int, "counts", lambda c: c >= 1, "chunk count must be at least 1")
 
 
 def _seconds(text: str) -> float:
