@@ -17,7 +17,9 @@ in turn) so host drift falls on all alike:
                        as a trainer's activations), writes and frees them, empties its cache; --settle-s; then map
     torch_holes_settled  the same, but the neighbour keeps every 16th tensor through the timed mapping (~6 % of N)
 
-(--conditions picks; the first five by default.)
+(--conditions picks; the first five by default.) ``--rdma`` allocates as vLLM's pool does (GPUDirect-RDMA capable);
+``--reuse-va`` maps this process's memory back into address ranges reserved once per row, as vLLM's sleep keeps its
+ranges and its wake maps into them. The H200's results: bench/data/h200_notes.md (seventeenth session).
 Each timed mapping records its reserve/create/map seconds, create+map per chunk (does the cost rise partway?), the first
 write of the mapped memory (fill_ + synchronize: where a lazy driver would pay) and the give-back; the JSON is rewritten
 after every row. The default plan (4 sizes x 5 conditions x 2 repeats, 16 settles of 1 s) takes about 30-45 s on an
