@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,30 +24,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.vmm_sweep import _repeats, _seconds  # noqa: E402  (after the path: bench/ is not installed)
+from bench.vmm_sweep import _listed, _repeats  # noqa: E402  (after the path: bench/ is not installed)
 
 GIB = 1 << 30
 
 
 def _settles(text: str) -> list[float]:
-    try:
-        return [_seconds(s) for s in text.split(",") if s.strip()] or [0.0]
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e}") from None
+    return _listed(text, float, "seconds", lambda v: math.isfinite(v) and v >= 0, "settle must be finite and at least 0")
+
+
+def _gib(text: str) -> float:
+    return _listed(text, float, "GiB", lambda v: math.isfinite(v) and v > 0, "size must be a positive finite GiB")[0]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vllm_cumem_probe.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=_seconds, required=True, help="GiB of KV cache (one size per process)")
+    ap.add_argument("--size", type=_gib, required=True, help="GiB of KV cache (one size per process)")
     ap.add_argument("--chunks", type=_repeats, default=28, help="KV tensors (vLLM: one per layer)")
-    ap.add_argument("--weights-gib", type=_seconds, default=1.1, help="GiB of weights, offloaded at each sleep")
+    ap.add_argument("--weights-gib", type=_gib, default=1.1, help="GiB of weights, offloaded at each sleep")
     ap.add_argument("--settles", type=_settles, default=[0.0, 0.5, 2.0], help="seconds between sleep and wake")
     ap.add_argument("--repeats", type=_repeats, default=2)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    if args.size <= 0:
-        ap.error(f"--size must be positive, not {args.size:g}")
-    return args
+    return ap.parse_args(argv)
 
 
 def cycle(alloc, kv: list, settle_s: float) -> dict:
