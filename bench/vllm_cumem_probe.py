@@ -4,12 +4,15 @@
 
 In the whole steps vLLM's KV wake takes 0.025 s for 47 GiB, 0.11 s for 82 and 0.34 s for 124 (H200), while the same
 driver calls made by bench/vmm_sweep.py take 0.03-0.05 s for 124 GiB once the released memory has settled. This probe
-allocates weights (`--weights-gib`, tag "weights") and `--chunks` KV tensors of `--size` GiB in all (tag "kv_cache")
-through vLLM's CuMemAllocator, then per cycle: sleep (weights offloaded to the host, as level 1), wait a settle, wake
-the weights, wake the KV cache, write the KV (as a rollout does) — timing each. If the settled KV wake here costs what
-it costs in the engine, the cost is in vLLM's allocation path; if it costs what vmm_sweep.py's settled mapping costs,
-it is in the engine's or the step's state. One size per process: vLLM's pool keeps what it mapped until the process
-ends. Needs vLLM and a CUDA GPU (refused otherwise, exit code 2).
+allocates weights (`--weights-gib` in `--weight-tensors` tensors, tag "weights") and `--chunks` KV tensors of `--size`
+GiB in all (tag "kv_cache") through vLLM's CuMemAllocator, then per cycle: sleep (the weights offloaded to the host at
+`--level 1`, discarded at 2), wait a settle, wake the weights, wake the KV cache, write the KV (as a rollout does),
+timing each. If the settled KV wake here costs what it costs in the engine, the cost is in vLLM's allocation path; if
+it costs what vmm_sweep.py's settled mapping costs, it is in the engine's or the step's state. Each wake is also timed
+call by call: the pool's module-level `create_and_map` (one cuMemCreate + cuMemMap + cuMemSetAccess per tensor) is
+wrapped, so a row holds every tensor's seconds in wake order and the rest of the wake (its gc.collect, empty_cache and
+the weights' copies back) as `*_outside_calls_s`. One size per process: vLLM's pool keeps what it mapped until the
+process ends. Needs vLLM and a CUDA GPU (refused otherwise, exit code 2).
 """
 
 from __future__ import annotations
@@ -41,20 +44,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vllm_cumem_probe.py", description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=_gib, required=True, help="GiB of KV cache (one size per process)")
     ap.add_argument("--chunks", type=_repeats, default=28, help="KV tensors (vLLM: one per layer)")
-    ap.add_argument("--weights-gib", type=_gib, default=1.1, help="GiB of weights, offloaded at each sleep")
+    ap.add_argument("--weights-gib", type=_gib, default=1.1, help="GiB of weights")
+    ap.add_argument("--weight-tensors", type=_repeats, default=1,
+                    help="equal tensors the weights are split into (an engine holds one per parameter: 311 for Qwen3-0.6B)")
+    ap.add_argument("--level", type=int, choices=(1, 2), default=1,
+                    help="sleep level: 1 offloads the weights to the host, 2 discards them (an engine whose weights "
+                         "the trainer sends again)")
     ap.add_argument("--settles", type=_settles, default=[0.0, 0.5, 2.0], help="seconds between sleep and wake")
     ap.add_argument("--repeats", type=_repeats, default=2)
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
 
-def cycle(alloc, kv: list, settle_s: float) -> dict:
-    """Sleep, wait, wake weights, wake KV, write the KV: seconds of each."""
+class CallTimer:
+    """Wraps a module's `create_and_map` while active: the seconds of each call, in order."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.calls: list[float] = []
+
+    def __enter__(self) -> "CallTimer":
+        inner = self.inner = self.module.create_and_map
+
+        def timed(handle):
+            t = time.perf_counter()
+            inner(handle)
+            self.calls.append(time.perf_counter() - t)
+
+        self.module.create_and_map = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.create_and_map = self.inner
+
+    def take(self) -> list[float]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def call_split(total_s: float, calls: list[float], prefix: str) -> dict:
+    """A wake's seconds per mapped tensor and outside the mapping calls (gc.collect, empty_cache, copies back)."""
+    return {f"{prefix}_calls_s": [round(c, 6) for c in calls], f"{prefix}_outside_calls_s": total_s - sum(calls)}
+
+
+def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, level: int = 1) -> dict:
+    """Sleep, wait, wake weights, wake KV, write the KV: seconds of each (and of each mapping call, with `timer`)."""
     import torch
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    alloc.sleep(offload_tags=("weights",))
+    alloc.sleep(offload_tags=("weights",) if level == 1 else ())
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     time.sleep(settle_s)
@@ -63,15 +102,20 @@ def cycle(alloc, kv: list, settle_s: float) -> dict:
     alloc.wake_up(["weights"])
     torch.cuda.synchronize()
     t3 = time.perf_counter()
+    weight_calls = timer.take() if timer else []
     alloc.wake_up(["kv_cache"])
     torch.cuda.synchronize()
     t4 = time.perf_counter()
+    kv_calls = timer.take() if timer else []
     for t in kv:
         t.fill_(1)
     torch.cuda.synchronize()
     t5 = time.perf_counter()
-    return {"settle_s": settle_s, "sleep_s": t1 - t0, "free_before_wake_gib": free_before, "wake_weights_s": t3 - t2,
-            "wake_kv_s": t4 - t3, "write_kv_s": t5 - t4}
+    row = {"settle_s": settle_s, "sleep_s": t1 - t0, "free_before_wake_gib": free_before, "wake_weights_s": t3 - t2,
+           "wake_kv_s": t4 - t3, "write_kv_s": t5 - t4}
+    if timer:
+        row |= call_split(t3 - t2, weight_calls, "wake_weights") | call_split(t4 - t3, kv_calls, "wake_kv")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text("{}\n")  # writable before the GPU work starts
     try:
         import torch
+        from vllm.device_allocator import cumem
         from vllm.device_allocator.cumem import CuMemAllocator
     except ImportError as e:
         print(f"vllm_cumem_probe.py: needs vLLM and torch ({e}); run it on the lent H200", file=sys.stderr)
@@ -91,23 +136,28 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.init()
     alloc = CuMemAllocator.get_instance()
     per = int(args.size * GIB) // args.chunks
+    per_weight = int(args.weights_gib * GIB) // args.weight_tensors
     with alloc.use_memory_pool(tag="weights"):
-        weights = torch.ones(int(args.weights_gib * GIB), dtype=torch.uint8, device="cuda")
+        weights = [torch.ones(per_weight, dtype=torch.uint8, device="cuda") for _ in range(args.weight_tensors)]
     with alloc.use_memory_pool(tag="kv_cache"):
         kv = [torch.zeros(per, dtype=torch.int8, device="cuda") for _ in range(args.chunks)]
     torch.cuda.synchronize()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "size_gib": args.size,
-              "chunks": args.chunks, "weights_gib": args.weights_gib, "argv": sys.argv,
+              "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
+              "level": args.level, "argv": sys.argv,
               "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "cycles": []}
-    cycle(alloc, kv, 0.5)  # warm: the first sleep pins the host backup
+    cycle(alloc, kv, 0.5, level=args.level)  # warm: the first sleep pins the host backup
+    timer = CallTimer(cumem)
     for r in range(args.repeats):
         for settle in args.settles:
-            row = {"repeat": r, **cycle(alloc, kv, settle)}
+            with timer:
+                row = {"repeat": r, **cycle(alloc, kv, settle, timer, args.level)}
             result["cycles"].append(row)
             out.write_text(json.dumps(result, indent=1) + "\n")
             print(f"{args.size:g} GiB x{args.chunks} settle {settle:g} s: sleep {row['sleep_s']:.4f}, wake weights "
                   f"{row['wake_weights_s']:.4f}, wake kv {row['wake_kv_s']:.4f}, write kv {row['write_kv_s']:.4f} s, "
-                  f"free before {row['free_before_wake_gib']:.1f} GiB", flush=True)
+                  f"free before {row['free_before_wake_gib']:.1f} GiB; kv outside the calls {row['wake_kv_outside_calls_s']:.4f} s, "
+                  f"calls {min(row['wake_kv_calls_s']):.4f}-{max(row['wake_kv_calls_s']):.4f} s", flush=True)
     del weights, kv
     return 0
 

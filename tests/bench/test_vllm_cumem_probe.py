@@ -40,3 +40,22 @@ def test_bad_input_names_the_flag_and_writes_nothing(tmp_path, flag, value) -> N
     proc = run(*args)
     assert proc.returncode == 2 and flag in proc.stderr.strip().splitlines()[-1]
     assert not out.exists()
+
+
+def test_the_call_timer_times_each_mapping_call_and_puts_the_module_back() -> None:
+    import types
+
+    sys.path.insert(0, str(ROOT))
+    from bench.vllm_cumem_probe import CallTimer, call_split
+
+    seen = []
+    module = types.SimpleNamespace(create_and_map=seen.append)
+    original = module.create_and_map
+    with CallTimer(module) as timer:
+        module.create_and_map(("h", 1))
+        module.create_and_map(("h", 2))
+        calls = timer.take()
+    assert seen == [("h", 1), ("h", 2)] and len(calls) == 2 and all(c >= 0 for c in calls)
+    assert module.create_and_map is original and timer.take() == []
+    split = call_split(0.5, [0.1, 0.2], "wake_kv")
+    assert split["wake_kv_calls_s"] == [0.1, 0.2] and abs(split["wake_kv_outside_calls_s"] - 0.2) < 1e-12
