@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.vmm_sweep import _listed, _repeats  # noqa: E402  (after the path: bench/ is not installed)
+from bench.vmm_sweep import _listed, _repeats, chunk_bytes, give_back, make_driver, take, write  # noqa: E402  (bench/ is not installed)
 
 GIB = 1 << 30
 
@@ -52,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "the trainer sends again)")
     ap.add_argument("--settles", type=_settles, default=[0.0, 0.5, 2.0], help="seconds between sleep and wake")
     ap.add_argument("--repeats", type=_repeats, default=2)
+    ap.add_argument("--raw-repeats", type=int, default=0,
+                    help="also map the same KV with the driver calls from Python (bench/vmm_sweep.py's self_settled, "
+                         "at the first settle) this many times before the pool exists and again while it sleeps, "
+                         "then one more pool cycle: the process's state or vLLM's path?")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -63,7 +67,7 @@ class CallTimer:
         self.module = module
         self.calls: list[float] = []
 
-    def __enter__(self) -> "CallTimer":
+    def __enter__(self) -> CallTimer:
         inner = self.inner = self.module.create_and_map
 
         def timed(handle):
@@ -118,6 +122,24 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
     return row
 
 
+def raw_rows(drv, nbytes: int, chunks: int, settle_s: float, repeats: int, when: str) -> list[dict]:
+    """vmm_sweep.py's self_settled in this process: map, write, give back, wait, then the timed map, write, give back."""
+    rows = []
+    for r in range(repeats):
+        held, _ = take(drv, nbytes, chunks)
+        write(held, nbytes)
+        give_back(drv, held, nbytes)
+        time.sleep(settle_s)
+        held, t = take(drv, nbytes, chunks)
+        row = {"when": when, "repeat": r, "settle_s": settle_s, "map_s": t["total_s"], "create_s": t["create_s"],
+               "chunk_s": t["chunk_s"], "write_s": write(held, nbytes)}
+        row["give_back_s"] = give_back(drv, held, nbytes)
+        rows.append(row)
+        print(f"raw {when} r{r}: map {row['map_s']:.4f} s (create {row['create_s']:.4f}), chunks "
+              f"{min(row['chunk_s']):.4f}-{max(row['chunk_s']):.4f} s", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -136,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.init()
     alloc = CuMemAllocator.get_instance()
     per = int(args.size * GIB) // args.chunks
+    drv = make_driver(False)[0] if args.raw_repeats else None
+    raw_per = chunk_bytes(args.size, args.chunks, drv.granularity) if drv else 0
+    raw = raw_rows(drv, raw_per, args.chunks, args.settles[0], args.raw_repeats, "before the pool") if drv else []
     per_weight = int(args.weights_gib * GIB) // args.weight_tensors
     with alloc.use_memory_pool(tag="weights"):
         weights = [torch.ones(per_weight, dtype=torch.uint8, device="cuda") for _ in range(args.weight_tensors)]
@@ -145,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "size_gib": args.size,
               "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
               "level": args.level, "argv": sys.argv,
-              "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "cycles": []}
+              "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "raw": raw, "cycles": []}
     cycle(alloc, kv, 0.5, level=args.level)  # warm: the first sleep pins the host backup
     timer = CallTimer(cumem)
     for r in range(args.repeats):
@@ -158,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['wake_weights_s']:.4f}, wake kv {row['wake_kv_s']:.4f}, write kv {row['write_kv_s']:.4f} s, "
                   f"free before {row['free_before_wake_gib']:.1f} GiB; kv outside the calls {row['wake_kv_outside_calls_s']:.4f} s, "
                   f"calls {min(row['wake_kv_calls_s']):.4f}-{max(row['wake_kv_calls_s']):.4f} s", flush=True)
+    if drv:
+        alloc.sleep(offload_tags=("weights",) if args.level == 1 else ())
+        raw += raw_rows(drv, raw_per, args.chunks, args.settles[0], args.raw_repeats, "while the pool sleeps")
+        alloc.wake_up()
+        with timer:
+            row = {"repeat": "after raw", **cycle(alloc, kv, args.settles[0], timer, args.level)}
+        result["cycles"].append(row)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"pool after the raw rows: wake kv {row['wake_kv_s']:.4f} s", flush=True)
     del weights, kv
     return 0
 
