@@ -40,6 +40,10 @@ def _gib(text: str) -> float:
     return _listed(text, float, "GiB", lambda v: math.isfinite(v) and v > 0, "size must be a positive finite GiB")[0]
 
 
+def _gib_or_none(text: str) -> float:
+    return _listed(text, float, "GiB", lambda v: math.isfinite(v) and v >= 0, "size must be a finite GiB, 0 or more")[0]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="vllm_cumem_probe.py", description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=_gib, required=True, help="GiB of KV cache (one size per process)")
@@ -56,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also map the same KV with the driver calls from Python (bench/vmm_sweep.py's self_settled, "
                          "at the first settle) this many times before the pool exists and again while it sleeps, "
                          "then one more pool cycle: the process's state or vLLM's path?")
+    ap.add_argument("--neighbour-gib", type=_gib_or_none, default=0.0,
+                    help="a second process holds this many GiB (one written torch tensor) through the whole probe, as a "
+                         "resident trainer does: is the pool's cost about its own mapped GiB or the GPU's?")
     ap.add_argument("--out", required=True)
     return ap.parse_args(argv)
 
@@ -140,6 +147,21 @@ def raw_rows(drv, nbytes: int, chunks: int, settle_s: float, repeats: int, when:
     return rows
 
 
+def hold(conn, gib: float) -> None:
+    """The neighbour: take `gib` GiB in one tensor, write it, say so, hold it until told (or the pipe closes)."""
+    import torch
+
+    x = torch.empty(int(gib * GIB), dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    torch.cuda.synchronize()
+    conn.send("ready")
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+    del x
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -155,6 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("vllm_cumem_probe.py: needs a CUDA GPU (none here); run it on the lent H200", file=sys.stderr)
         return 2
+    neighbour = conn = None
+    if args.neighbour_gib > 0:
+        import multiprocessing as mp
+
+        conn, child = mp.get_context("spawn").Pipe()
+        neighbour = mp.get_context("spawn").Process(target=hold, args=(child, args.neighbour_gib), daemon=True)
+        neighbour.start()
+        if not conn.poll(120) or conn.recv() != "ready":
+            print("vllm_cumem_probe.py: the neighbour did not take its memory in 120 s", file=sys.stderr)
+            neighbour.kill()
+            return 1
+    try:
+        return probe(args, out, torch, cumem, CuMemAllocator)
+    finally:
+        if neighbour is not None:
+            conn.send("exit")
+            neighbour.join(30)
+
+
+def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator) -> int:
+    """The probe itself, in this process (after the neighbour, if any, holds its memory)."""
     torch.cuda.init()
     alloc = CuMemAllocator.get_instance()
     per = int(args.size * GIB) // args.chunks
@@ -169,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "size_gib": args.size,
               "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
-              "level": args.level, "argv": sys.argv,
+              "level": args.level, "neighbour_gib": args.neighbour_gib, "argv": sys.argv,
               "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "raw": raw, "cycles": []}
     cycle(alloc, kv, 0.5, level=args.level)  # warm: the first sleep pins the host backup
     timer = CallTimer(cumem)

@@ -29,7 +29,8 @@ def test_without_a_gpu_it_refuses_in_one_line_after_writing_out(tmp_path) -> Non
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--size", "-1"), ("--size", "nan"), ("--settles", "0,inf"),
-                                              ("--chunks", "0")])
+                                              ("--chunks", "0"), ("--neighbour-gib", "-3"),
+                                              ("--neighbour-gib", "inf")])
 def test_bad_input_names_the_flag_and_writes_nothing(tmp_path, flag, value) -> None:
     out = tmp_path / "p.json"
     args = ["--size", "4", "--out", str(out)]
