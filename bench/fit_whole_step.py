@@ -5,12 +5,17 @@
 
 Each term is structural (one value for every model, batch and run) and fitted on the data named here:
 
-1. vLLM's wake (EngineSettings.wake_call_s, wake_per_gib_s, wake_per_tensor_s): closed form on vLLM
-   alone (bench/data/h200_vllm_0.25.1*.json, no trainer on the GPU): the level-2 wake of the weights
-   (7.5 GiB) and the KV cache's level-1 wake (76 GiB) give the call's fixed cost and the cost per GiB; the level-1 wake of the weights (copied back from the host) then the per-tensor restore.
-2. Mapping beside another process (vmm.shared_map_s_per_gib): the onload-KV phase of the Qwen3-0.6B
-   cumem run, solved on the simulator. Held out: the 4B run, the torch_memory_saver and b64 runs, every
-   onload-weights phase, the 2026-10-28 runs.
+1b. vLLM's pool mapping beyond its cheap share (EngineSettings.wake_spill_share, wake_spill_s_per_gib, and the
+   cheap rate per GiB): least squares over every mapping call of bench/vllm_cumem_probe.py's session-18 runs
+   (bench/data/vmm_sweep/h200_s18_*.json: 47-124 GiB of KV in 28-112 tensors, 0.01-20 GiB of weights mapped first,
+   alone or beside a neighbour's 30 GiB), the share (of the GPU less other processes' memory) by a grid search.
+   Held out: every whole step's onload KV and vLLM alone's KV wake.
+1. vLLM's wake (EngineSettings.wake_call_s, wake_per_gib_s, wake_per_tensor_s): the cost per GiB is 1b's cheap
+   rate less the driver's create_map; the call's fixed cost from vLLM alone's level-2 weights wake (7.5 GiB;
+   bench/data/h200_vllm_0.25.1*.json, no trainer on the GPU); the level-1 wake of the weights (copied back from the
+   host) then the per-tensor restore.
+2. (Until session 18, vmm.shared_map_s_per_gib, 1.6 ms per GiB mapped on a GPU another process used, solved on the
+   0.6B whole step's onload KV; 1b's structure replaced it: the neighbour's memory acts through the free share.)
 3. (Until 2026-12-02, efficiency.hf_convert_bytes_per_s = 1.5 GB/s, fitted on the 4B run's export: the trainer
    split the fused QKV weights into fresh pageable host tensors. The trainer now cuts them on the GPU
    (vime.real.weights.ipc.DeviceCut) and the term is gone; the 2026-12-02 exports below were made the old way.)
@@ -67,6 +72,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -79,6 +85,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "h200_train"))
 
 DATA = ROOT / "bench" / "data"
+TOTAL_GIB = 139.80072021484375  # the H200's device memory as cudaMemGetInfo reports it (bench/data/vmm_sweep)
 PROFILE = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"  # the maintained preset
 RUNS = DATA / "h200_train_e2e"
 GIB = 1 << 30
@@ -90,9 +97,81 @@ MOE_FIT_RUNS = ("qwen3-30b-a3b-4l-cumem-1g_mbs2_2026-12-02s7", MOE_RUN)
 VLLM_RUNS = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b1.json", "h200_vllm_0.25.1_b2.json")
 
 
-def wake_terms(profile: dict) -> dict[str, float]:
-    """Closed form on vLLM alone: (call, per GiB) from the two level-2 wakes, per tensor from the level-1
-    weights wake; each figure the median over the TP-1 runs of each run's median (as compare_calibration.py)."""
+#: bench/vllm_cumem_probe.py's call-by-call runs (session 18) that section 1b fits on
+SPILL_RUNS = ("h200_s18_calls_47.json", "h200_s18_calls_82_l1.json", "h200_s18_calls_82_l2.json",
+              "h200_s18_calls_100.json", "h200_s18_calls_124.json", "h200_s18_calls_124_w0.json",
+              "h200_s18_calls_124_x112.json", "h200_s18_calls_82_w20.json", "h200_s18_raw_124.json",
+              "h200_s18_neighbour30_82.json")
+
+
+def spill_calls() -> list[tuple[float, float, float, float]]:
+    """Every KV mapping call of the probe runs: (GiB it mapped, GiB the pool mapped before it since the sleep,
+    GiB of the GPU not held by other processes, seconds). The probe's own process holds what the runs without a
+    neighbour did not find free; a neighbour holds the rest."""
+    runs = {name: json.loads((DATA / "vmm_sweep" / name).read_text()) for name in SPILL_RUNS}
+    alone = max(c["free_before_wake_gib"] for r in runs.values() if not r.get("neighbour_gib") for c in r["cycles"])
+    rows = []
+    for run in runs.values():
+        per = run["size_gib"] / run["chunks"]
+        for c in run["cycles"]:
+            before = run["weights_gib"]  # the weights are mapped first, in their own wake
+            ours = TOTAL_GIB - (alone - c["free_before_wake_gib"])  # the GPU less the neighbour's share
+            for t in c["wake_kv_calls_s"]:
+                rows.append((per, before, ours, t))
+                before += per
+    return rows
+
+
+def spill_over(gib: float, before: float, ours: float, share: float) -> float:
+    """GiB of a mapping of `gib` (after `before` GiB) beyond `share` of `ours`."""
+    return max(0.0, before + gib - max(before, share * ours))
+
+
+def spill_terms() -> tuple[dict[str, float], list[str]]:
+    """Cheap rate and spill rate by least squares at each share of a 0.01 grid; the share with the least residual."""
+    rows = spill_calls()
+
+    def solve(share: float) -> tuple[float, float, float]:
+        # t = cheap·gib + spill·over (normal equations of two unknowns)
+        a = [(g, spill_over(g, b, f, share)) for g, b, f, _ in rows]
+        y = [t for *_, t in rows]
+        s11 = sum(x * x for x, _ in a)
+        s12 = sum(x * z for x, z in a)
+        s22 = sum(z * z for _, z in a)
+        r1 = sum(x * t for (x, _), t in zip(a, y, strict=True))
+        r2 = sum(z * t for (_, z), t in zip(a, y, strict=True))
+        det = s11 * s22 - s12 * s12
+        if s22 == 0 or det <= 1e-12 * s11 * s22:
+            return math.inf, 0.0, 0.0  # no call reaches this share: the spill is not identified
+        cheap, spill = (r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det
+        return sum((cheap * x + spill * z - t) ** 2 for (x, z), t in zip(a, y, strict=True)), cheap, spill
+
+    share = min((solve(k / 100)[0], k / 100) for k in range(30, 100))[1]
+    _, cheap, spill = solve(share)
+    lines = [f"{len(rows)} calls of {len(SPILL_RUNS)} runs; cheap {cheap * 1e3:.3f} ms/GiB, beyond {share:.2f} of the GPU "
+             f"less other processes' memory {spill * 1e3:.2f} ms/GiB"]
+    runs = {name: json.loads((DATA / "vmm_sweep" / name).read_text()) for name in SPILL_RUNS}
+    alone = max(c["free_before_wake_gib"] for r in runs.values() if not r.get("neighbour_gib") for c in r["cycles"])
+    for name, run in runs.items():
+        per = run["size_gib"] / run["chunks"]
+        got, model = [], []
+        for c in run["cycles"]:
+            before, total, ours = run["weights_gib"], 0.0, TOTAL_GIB - (alone - c["free_before_wake_gib"])
+            for _ in c["wake_kv_calls_s"]:
+                total += cheap * per + spill * spill_over(per, before, ours, share)
+                before += per
+            got.append(sum(c["wake_kv_calls_s"]))
+            model.append(total)
+        m, g = statistics.median(model), statistics.median(got)
+        lines.append(f"{name:32s} {run['size_gib']:g} GiB x{run['chunks']} after {run['weights_gib']:g} GiB, "
+                     f"neighbour {run.get('neighbour_gib', 0):g}: calls {g:.3f} s, model {m:.3f} ({100 * (m - g) / g:+.1f} %) [fitted]")
+    return {"wake_spill_share": share, "wake_spill_s_per_gib": float(f"{spill:.3g}"), "_cheap_s_per_gib": cheap}, lines
+
+
+def wake_terms(profile: dict, cheap_s_per_gib: float) -> dict[str, float]:
+    """Closed form on vLLM alone: the call from the level-2 weights wake less `cheap_s_per_gib` (section 1b) per GiB,
+    per tensor from the level-1 weights wake; each figure the median over the TP-1 runs of each run's median (as
+    compare_calibration.py). The KV cache's level-1 wake is a check (held out)."""
     from vime.sim.models import load_model
 
     runs = [json.loads((DATA / f).read_text()) for f in VLLM_RUNS]
@@ -106,7 +185,8 @@ def wake_terms(profile: dict) -> dict[str, float]:
     t_w2 = med("sleep_l2_ipc", lambda x: x["wake_weights_s"])
     # the KV cache's level-1 wake (compare_calibration.py's row; the level-2 one, same bytes, took 20 % longer)
     t_kv = med("sleep_l1", lambda x: x["wake_kv_s"])
-    per_gib = (t_kv - t_w2) / (kv - weights)  # everything vLLM does per GiB mapped, the driver's map included
+    free = med("sleep_l1", lambda x: x["free_asleep"] / GIB)
+    per_gib = cheap_s_per_gib  # everything vLLM does per GiB mapped below the spill, the driver's map included
     call = t_w2 - per_gib * weights
     create_map = profile["vmm"]["create_map_s_per_gib"]
     h2d = profile["host_link_h2d_bytes_per_s"] * profile["efficiency"].get("host_copy_util", 1.0)
@@ -114,7 +194,8 @@ def wake_terms(profile: dict) -> dict[str, float]:
     tensors = len(load_model("Qwen3-4B").hf_weight_shapes())  # one allocation each in vLLM's restore loop
     per_tensor = (t_w1 - call - per_gib * weights - weights * GIB / h2d) / tensors
     return {"wake_call_s": round(call, 5), "wake_per_gib_s": round(per_gib - create_map, 7),
-            "wake_per_tensor_s": round(per_tensor, 7), "_kv_gib": kv, "_weights_gib": weights}
+            "wake_per_tensor_s": round(per_tensor, 7), "_kv_gib": kv, "_weights_gib": weights, "_kv_s": t_kv,
+            "_free_gib": free}
 
 
 def bucket_terms(profile: dict, work: Path) -> dict[str, float]:
@@ -542,11 +623,7 @@ def fit(profile: dict, work: Path) -> tuple[dict[str, float], list[str]]:
     def sim(run: str, **extra: float) -> dict:
         return simulate(run, with_values(profile, {**base, **fitted, **extra}), work)
 
-    run = "qwen3-0.6b-cumem-1g_2026-12-02"
-    target = measured(run, "perf/onload_kv_time")
-    fitted["vmm.shared_map_s_per_gib"] = round(solve(
-        lambda x: sim(run, **{"vmm.shared_map_s_per_gib": x})["perf/onload_kv_time"], target, 1e-6, 1e-1,
-        increasing=True), 7)
+    fitted["vmm.shared_map_s_per_gib"] = 0.0  # section 1b's spill replaced it (session 18)
     offload, lines = trainer_offload_terms(with_values(profile, {**base, **fitted}), work)
     fitted.update(offload)
     fitted.update(export_terms(with_values(profile, fitted), work))
@@ -750,10 +827,19 @@ def main(argv: list[str] | None = None) -> int:
     # the CPU step (section 7) is fitted under these GPU terms: they move together (h200_notes.md, seventh lease)
     section("0. vLLM's decode step where it is GPU-bound (/metrics of the whole steps), the attention's KV rate and the "
             "sampler, by least squares:", [f"{k} = {v}" for k, v in gpu_step.items()] + gpu_lines)
-    wake = wake_terms(profile)
-    print(f"1. vLLM alone: KV {wake.pop('_kv_gib'):.1f} GiB, weights {wake.pop('_weights_gib'):.2f} GiB")
+    spill, spill_lines = spill_terms()
+    cheap = spill.pop("_cheap_s_per_gib")
+    section("1b. vLLM's pool mapping its KV call by call (bench/vllm_cumem_probe.py, session 18), by least squares:",
+            [f"EngineSettings.{k} = {v}" for k, v in spill.items()] + spill_lines)
+    wake = wake_terms(profile, cheap)
+    kv_gib, w_gib, t_kv, free = (wake.pop(k) for k in ("_kv_gib", "_weights_gib", "_kv_s", "_free_gib"))
+    model_kv = (wake["wake_call_s"] + cheap * kv_gib
+                + spill["wake_spill_s_per_gib"] * spill_over(kv_gib, w_gib, TOTAL_GIB, spill["wake_spill_share"]))
+    print(f"1. vLLM alone (no other process; {free:.1f} GiB free asleep): KV {kv_gib:.1f} GiB, weights {w_gib:.2f} GiB; its KV wake "
+          f"{t_kv:.3f} s, model {model_kv:.3f} ({100 * (model_kv - t_kv) / t_kv:+.1f} %) [held out]")
     for k, v in wake.items():
         print(f"   EngineSettings.{k} = {v}")
+    wake.update(spill)
     with tempfile.TemporaryDirectory() as d:
         fitted, offload_lines = fit(profile, Path(d))
         for k, v in fitted.items():

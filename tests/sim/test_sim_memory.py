@@ -252,6 +252,60 @@ def test_mapping_beside_another_process_pays_the_shared_map_cost():
     assert seconds[True] - seconds[False] == pytest.approx(18 * 0.01, rel=1e-9)
 
 
+def test_spill_counts_what_the_pool_mapped_since_it_last_slept_wholly_against_the_free_memory_then():
+    """spill_bytes: bytes beyond `share` of the free memory at the pool's first wake of a cycle; the weights woken
+    first count, a neighbour's memory only through the free memory at that first wake; a whole sleep starts anew."""
+    cl = _cluster()
+    alloc = _engine_allocator(cl)
+    _fill_engine(alloc)  # per GPU: 4 GiB weights, 18 GiB KV, 3/4 GiB runtime + graphs (non-deferrable)
+    cap = cl.gpus[0].capacity
+    share = (4 * GiB + GiB // 2 + GiB // 4 + 6 * GiB) / cap  # cheap: the weights' wake and 6 GiB of KV after it
+    seen: dict[str, list[int]] = {}
+
+    async def main() -> None:
+        everything = [TAG_WEIGHTS, TAG_KV_CACHE, TAG_RUNTIME, TAG_CUDA_GRAPH]
+        await alloc.sleep([], everything)
+        seen["kv first"] = alloc.spill_bytes([TAG_KV_CACHE], share)
+        await alloc.wake_up([TAG_WEIGHTS])  # the cycle's first wake: the free memory now is the reference
+        cl.gpus[1].alloc("actor", "context", 2 * GiB)  # a neighbour arriving later does not move it
+        seen["kv after weights"] = alloc.spill_bytes([TAG_KV_CACHE], share)
+        await alloc.wake_up([TAG_KV_CACHE])
+        await alloc.sleep([], everything)
+        seen["next cycle, kv first"] = alloc.spill_bytes([TAG_KV_CACHE], share)
+
+    clock.run(main(), env=cl.env)
+    assert seen["kv first"] == pytest.approx([8 * GiB] * 2, abs=2)  # 18 3/4 GiB (KV + non-deferrable) − 10 3/4
+    assert seen["kv after weights"] == pytest.approx([12 * GiB] * 2, abs=2)  # 4 3/4 + 18 − 10 3/4
+    # the neighbour's 2 GiB are now in the reference: GPU 1's cheap part is smaller by share · 2 GiB
+    assert seen["next cycle, kv first"] == pytest.approx([8 * GiB, 8 * GiB + share * 2 * GiB], abs=2)
+
+
+def test_the_engines_kv_wake_pays_the_spill_rate_beyond_its_share() -> None:
+    """remap_memory: wake_call_s + wake_per_gib_s per GiB + wake_spill_s_per_gib per GiB beyond the share."""
+    from vime.sim.engine.kv import remap_memory
+    from vime.sim.engine.settings import EngineSettings
+
+    seconds = {}
+    for spill in (0.0, 0.01):
+        cl = _cluster()
+        alloc = _engine_allocator(cl)
+        _fill_engine(alloc)
+        settings = replace(EngineSettings(), wake_spill_s_per_gib=spill, wake_spill_share=0.1)
+
+        async def main(alloc=alloc, settings=settings, spill=spill, env=cl.env) -> None:
+            await alloc.sleep([], [TAG_WEIGHTS, TAG_KV_CACHE, TAG_RUNTIME, TAG_CUDA_GRAPH])
+            over = alloc.spill_bytes([TAG_KV_CACHE, TAG_RUNTIME, TAG_CUDA_GRAPH], settings.wake_spill_share)
+            t0 = clock.now()
+            await remap_memory(alloc, env, [TAG_KV_CACHE, TAG_RUNTIME, TAG_CUDA_GRAPH], settings, 0)
+            seconds[spill] = (clock.now() - t0, max(over))
+
+        clock.run(main(), env=cl.env)
+    (base, _), (dear, over) = seconds[0.0], seconds[0.01]
+    free = cl.gpus[0].capacity  # nothing else on the GPU while the pool sleeps
+    assert over == int(18 * GiB + GiB // 2 + GiB // 4 - 0.1 * free) > 0
+    assert dear - base == pytest.approx(over / GiB * 0.01, rel=1e-9)
+
+
 def test_persistent_pinned_buffers_make_later_sleeps_cheaper_than_cold():
     def second_sleep(pinned: str) -> float:
         cl = _cluster()

@@ -71,10 +71,16 @@ class EngineSettings:
     #: a level-2 sleep took 0.07–0.10 s on the H200, ~0.03 s of it unmapping.
     sleep_call_s: float = 0.05
     #: Engine-side cost of one wake_up call that maps something, and per GiB it maps beyond the driver's
-    #: create_map (vLLM's allocator maps allocation by allocation): from the H200's wakes in vLLM
-    #: alone (three runs: the level-2 wake of 7.5 GiB of weights, the level-1 wake of 76 GiB of KV; bench/fit_whole_step.py).
-    wake_call_s: float = 0.03717
-    wake_per_gib_s: float = 0.0008816
+    #: create_map (vLLM's allocator maps allocation by allocation): the per GiB from vLLM's pool timed call by call
+    #: (below), the call from the H200's level-2 wake of 7.5 GiB of weights in vLLM alone (bench/fit_whole_step.py).
+    wake_call_s: float = 0.04103
+    wake_per_gib_s: float = 0.0003671
+    #: vLLM's pool maps cheaply only up to a share of the GPU less other processes' memory (taken at its first wake
+    #: of the cycle, its weights' GiB counted); every GiB mapped beyond costs this much more:
+    #: fitted on bench/vllm_cumem_probe.py's call-by-call wakes (H200, driver 580, vLLM 0.25.1; bench/fit_whole_step.py
+    #: section 1b). vime's own pool (the trainer's) does not show it: the same driver calls from Python stay cheap.
+    wake_spill_share: float = 0.53
+    wake_spill_s_per_gib: float = 0.00449
     #: vLLM's CuMem allocator backs up and restores allocation by allocation (one weight tensor each):
     #: per copied tensor beyond the bytes at the host-link rate (H200, Qwen3-4B, 399 tensors; the wake's
     #: from the level-1 weights wake beside the two terms above, bench/fit_whole_step.py).
@@ -128,8 +134,11 @@ class EngineSettings:
         if self.sleep_backup_runtime not in (0, 1):
             raise ConfigError(f"EngineSettings.sleep_backup_runtime must be 0 (vLLM 0.25.1: nothing copied at a level-2 "
                               f"sleep) or 1 (the seed's vLLM), got {self.sleep_backup_runtime!r}")
+        if not (isinstance(self.wake_spill_share, (int, float)) and 0 < self.wake_spill_share <= 1):
+            raise ConfigError(f"EngineSettings.wake_spill_share must be a share of the GPU's memory in (0, 1], "
+                              f"got {self.wake_spill_share!r}")
         for name in ("request_overhead_s", "response_per_request_s", "response_per_token_s", "first_update_s", "start_update_call_s",
-                     "finish_update_call_s", "kv_read_bytes_per_s", "sample_s_per_logit"):
+                     "finish_update_call_s", "kv_read_bytes_per_s", "sample_s_per_logit", "wake_spill_s_per_gib"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")

@@ -105,6 +105,10 @@ class SimAllocator:
         self._pinned: dict[str, list[int]] = {}
         self.sleep_count = 0
         self.wake_count = 0
+        # per GPU: the bytes other owners left it when this pool first woke since it was last wholly asleep, and what
+        # the pool mapped since
+        self._cycle_room: list[int] | None = None
+        self._cycle_mapped = [0] * len(self.gpus)
         self.sleep_mode = hardware.sleep_mode if sleep_mode is None else bool(sleep_mode)
 
     @property
@@ -241,6 +245,25 @@ class SimAllocator:
                          + free / GiB * hw.vmm.pinned_free_s_per_gib)
         return times
 
+    def _room(self) -> list[int]:
+        """Per GPU, its memory less what other owners (processes) hold on it now."""
+        return [gpu.capacity - (gpu.used() - gpu.used(self.owner)) for gpu in self.gpus]
+
+    def spill_bytes(self, tags: Collection[str] | None, share: float) -> list[int]:
+        """Per GPU, the bytes `wake_up(tags)` would map beyond `share` of the memory other owners left the GPU when
+        this pool first woke since it was wholly asleep (now, if it is), counting what the pool mapped since then."""
+        if not self.sleep_mode:
+            return [0] * len(self.gpus)
+        wake = self._wake_set(tags)
+        cycle = self._cycle_room is not None
+        room = self._cycle_room if self._cycle_room is not None else self._room()
+        out = []
+        for i in range(len(self.gpus)):
+            before = self._cycle_mapped[i] if cycle else 0
+            mapped = sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in wake)
+            out.append(int(max(0.0, before + mapped - max(before, share * room[i]))))
+        return out
+
     def _wake_set(self, tags: Collection[str] | None) -> list[str]:
         asleep = self.lifecycle.asleep_tags()
         if tags is None:
@@ -280,6 +303,8 @@ class SimAllocator:
             for i, n in enumerate(new_pinned.get(tag, [])):
                 cur[i] += n
         self.lifecycle.on_sleep(offload, discard)
+        if not any(self.lifecycle.state(t) is TagState.AWAKE and any(n) for t, n in self._sizes.items()):
+            self._cycle_room = None  # wholly asleep: the next wake starts a new cycle
         await elapse(env, max(times))
         for tag in offload + discard:
             for gpu, n in zip(self.gpus, self._sizes.get(tag, [0] * len(self.gpus)), strict=True):
@@ -306,6 +331,7 @@ class SimAllocator:
         t0 = float(env.now)
         times = self._wake_costs(wake)
         offloaded = [t for t in wake if self.lifecycle.state(t) is TagState.OFFLOADED]
+        room = self._room()
         # Map first (cuMemCreate): this is where a colocated wake runs out of memory.
         done: list[tuple[SimGPU, str, int]] = []
         try:
@@ -317,6 +343,10 @@ class SimAllocator:
             for gpu, tag, n in reversed(done):
                 gpu.free(self.owner, tag, n)
             raise
+        if self._cycle_room is None:
+            self._cycle_room, self._cycle_mapped = room, [0] * len(self.gpus)
+        for i in range(len(self.gpus)):
+            self._cycle_mapped[i] += sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in wake)
         self.lifecycle.on_wake(wake)
         await elapse(env, max(times))
         if self.pinned == "cold":
