@@ -259,7 +259,8 @@ PARTS_RUNS = {"qwen3-0.6b-cumem-1g-mbs8_2026-12-04s15": "qwen3-0.6b",
 HELD_OUT_PARTS_RUNS = ("qwen3-0.6b-cumem-1g-mbs8-util035_2026-12-04s16", "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s16",
                        "qwen3-0.6b-cumem-1g-mbs8-r512_2026-12-04s16", "qwen3-0.6b-cumem-1g-mbs4_2026-12-04s16",
                        "qwen3-4b-cumem-1g-mbs2_2026-12-04s17", "qwen3-0.6b-cumem-1g-mbs8-util060_2026-12-04s17",
-                       "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s17")
+                       "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s17", "qwen3-0.6b-cumem-1g-mbs8-util075_2026-12-04s18",
+                       "qwen3-4b-cumem-1g-mbs2-util070_2026-12-04s18")
 #: bench/colocated_resume.py rows the released-memory terms are fitted on (the neighbour gave back right before the
 #: resume); the others (a 75 GiB neighbour, a settle before the resume) are held out
 RESUME_FIT_FILES = ("neighbour25.json", "neighbour50.json", "neighbour100.json")
@@ -415,6 +416,12 @@ RUN_SPECS = {
     "qwen3-0.6b-cumem-1g-mbs8-util060_2026-12-04s17": ("qwen3-0.6b", "cumem", {
         "MBS": "8", "EXTRA_ARGS": "--gpu-memory-utilization 0.6"}),
     "qwen3-0.6b-cumem-1g-mbs8_2026-12-04s17": ("qwen3-0.6b", "cumem", {"MBS": "8"}),
+    # the thirteenth lease, one machine, predicted on 9903434's model (predicted_2026-12-04s18_next_*) before it ran:
+    # the KV wake's spill between the utilizations already run; nothing fitted on them
+    "qwen3-0.6b-cumem-1g-mbs8-util075_2026-12-04s18": ("qwen3-0.6b", "cumem", {
+        "MBS": "8", "EXTRA_ARGS": "--gpu-memory-utilization 0.75"}),
+    "qwen3-4b-cumem-1g-mbs2-util070_2026-12-04s18": ("qwen3-4b", "cumem", {
+        "MBS": "2", "EXTRA_ARGS": "--gpu-memory-utilization 0.7"}),
 }
 
 
