@@ -390,14 +390,17 @@ def test_weight_backup_and_restore_pay_per_tensor():
     assert later_sleep == pytest.approx(s.http_rtt_s + copied / hw.d2h_bytes_per_s
                                         + released / GiB * hw.vmm.unmap_release_s_per_gib
                                         + s.sleep_call_s + s.sleep_per_tensor_s * tensors, rel=1e-9)
-    # the two wakes: weights (copied back, per tensor) then the KV cache (mapped only)
+    # the two wakes: weights (copied back, per tensor) then the KV cache (mapped only), which maps beyond the pool's
+    # cheap share of the GPU (nothing else on it) after the weights' GiB
+    spill = max(0, released - max(copied, int(s.wake_spill_share * e.allocator.gpus[0].capacity)))
+    assert spill > 0
     assert later_wake == pytest.approx(2 * s.http_rtt_s + released / GiB * (hw.vmm.create_map_s_per_gib + s.wake_per_gib_s)
                                        + copied / hw.h2d_bytes_per_s + 2 * s.wake_call_s
-                                       + s.wake_per_tensor_s * tensors, rel=1e-9)
+                                       + s.wake_per_tensor_s * tensors + spill / GiB * s.wake_spill_s_per_gib, rel=1e-9)
     measured = statistics.median(r["wake_weights_s"] for r in VLLM["phases"]["sleep_l1"])
     kv_part = released - copied
     weights_wake = later_wake - (s.http_rtt_s + kv_part / GiB * (hw.vmm.create_map_s_per_gib + s.wake_per_gib_s)
-                                 + s.wake_call_s)
+                                 + s.wake_call_s + spill / GiB * s.wake_spill_s_per_gib)
     assert _err(weights_wake, measured) < 0.10
     # a level-2 sleep discards the weights: no per-tensor term
     e2 = _vllm_engine()
