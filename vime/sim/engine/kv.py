@@ -160,8 +160,8 @@ async def release_memory(allocator: SimAllocator, env: simpy.Environment, offloa
 async def remap_memory(allocator: SimAllocator, env: simpy.Environment, tags: Sequence[str],
                        settings: EngineSettings, weight_tensors: int) -> None:
     """A vLLM wake_up's memory work: `tags` mapped again (offloaded ones copied back), then the call's
-    fixed cost, the GiB mapped beyond the pool's cheap share of the free memory, and, when the weights come back from
-    the host, CuMem's per-tensor restore loop."""
+    fixed cost, the GiB mapped beyond the pool's cheap share of the GPU (EngineSettings.wake_spill_share), and, when the
+    weights come back from the host, CuMem's per-tensor restore loop."""
     restored = TAG_WEIGHTS in tags and allocator.lifecycle.state(TAG_WEIGHTS) is TagState.OFFLOADED
     # a device without sleep mode (a CPU) keeps its memory: nothing to map
     mapped = max(map(sum, zip(*(allocator.tag_bytes(t) for t in tags), strict=True))) if tags and allocator.sleep_mode else 0

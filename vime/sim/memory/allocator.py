@@ -255,11 +255,10 @@ class SimAllocator:
         if not self.sleep_mode:
             return [0] * len(self.gpus)
         wake = self._wake_set(tags)
-        cycle = self._cycle_room is not None
         room = self._cycle_room if self._cycle_room is not None else self._room()
         out = []
         for i in range(len(self.gpus)):
-            before = self._cycle_mapped[i] if cycle else 0
+            before = self._cycle_mapped[i] if self._cycle_room is not None else 0
             mapped = sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in wake)
             out.append(int(max(0.0, before + mapped - max(before, share * room[i]))))
         return out
