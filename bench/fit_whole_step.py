@@ -318,7 +318,7 @@ def trainer_offload_terms(profile: dict, work: Path) -> tuple[dict[str, float], 
         lines.append(row)
     fitted["efficiency.released_wake_s_per_gib"] = float(f"{statistics.fmean(per_gib):.3g}")
     fitted["efficiency.released_wake_max_s"] = float(f"{statistics.fmean(ceiling):.3g}")
-    for row, gib, extra in later:  # the model has no time in it: a settle that removes the extra is not in it
+    for row, gib, _extra in later:  # the model has no time in it: a settle that removes the extra is not in it
         model = min(gib * fitted["efficiency.released_wake_s_per_gib"], fitted["efficiency.released_wake_max_s"])
         lines.append(f"{row}; modelled +{1e3 * model:.0f} ms [held out]")
     # held out: the whole steps' resume beyond the simulated allocator wake

@@ -44,6 +44,30 @@ def _current_env() -> simpy.Environment:
     return clock.current_env()
 
 
+def _room(gpus: Sequence[SimGPU], owner: str) -> list[int]:
+    """Per GPU, its memory less what owners other than `owner` (other processes) hold on it now."""
+    return [gpu.capacity - (gpu.used() - gpu.used(owner)) for gpu in gpus]
+
+
+class WakeCycle:
+    """A pool's wakes since it was last wholly asleep: per GPU the room other owners left at the first of them and the
+    bytes mapped since (vLLM's pool maps cheaply only up to a share of that room: EngineSettings.wake_spill_share)."""
+
+    def __init__(self) -> None:
+        self.room: list[int] | None = None
+        self.mapped: list[int] = []
+
+    def spill(self, room_now: list[int], mapping: list[int], share: float) -> list[int]:
+        """Per GPU, the bytes of `mapping` beyond `share` of the cycle's room (`room_now` if no wake began one)."""
+        room, before = (self.room, self.mapped) if self.room is not None else (room_now, [0] * len(mapping))
+        return [int(max(0.0, b + m - max(b, share * r))) for r, b, m in zip(room, before, mapping, strict=True)]
+
+    def woke(self, room: list[int], mapping: list[int]) -> None:
+        if self.room is None:
+            self.room, self.mapped = room, [0] * len(mapping)
+        self.mapped = [a + m for a, m in zip(self.mapped, mapping, strict=True)]
+
+
 class SimAllocator:
     """CuMem-style tagged memory of one owner (an engine's TP ranks, or the trainer's ranks) on its GPUs.
 
@@ -105,10 +129,7 @@ class SimAllocator:
         self._pinned: dict[str, list[int]] = {}
         self.sleep_count = 0
         self.wake_count = 0
-        # per GPU: the bytes other owners left it when this pool first woke since it was last wholly asleep, and what
-        # the pool mapped since
-        self._cycle_room: list[int] | None = None
-        self._cycle_mapped = [0] * len(self.gpus)
+        self._cycle = WakeCycle()
         self.sleep_mode = hardware.sleep_mode if sleep_mode is None else bool(sleep_mode)
 
     @property
@@ -245,23 +266,15 @@ class SimAllocator:
                          + free / GiB * hw.vmm.pinned_free_s_per_gib)
         return times
 
-    def _room(self) -> list[int]:
-        """Per GPU, its memory less what other owners (processes) hold on it now."""
-        return [gpu.capacity - (gpu.used() - gpu.used(self.owner)) for gpu in self.gpus]
-
     def spill_bytes(self, tags: Collection[str] | None, share: float) -> list[int]:
         """Per GPU, the bytes `wake_up(tags)` would map beyond `share` of the memory other owners left the GPU when
         this pool first woke since it was wholly asleep (now, if it is), counting what the pool mapped since then."""
         if not self.sleep_mode:
             return [0] * len(self.gpus)
-        wake = self._wake_set(tags)
-        room = self._cycle_room if self._cycle_room is not None else self._room()
-        out = []
-        for i in range(len(self.gpus)):
-            before = self._cycle_mapped[i] if self._cycle_room is not None else 0
-            mapped = sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in wake)
-            out.append(int(max(0.0, before + mapped - max(before, share * room[i]))))
-        return out
+        return self._cycle.spill(_room(self.gpus, self.owner), self._per_gpu_sum(self._wake_set(tags)), share)
+
+    def _per_gpu_sum(self, tags: Collection[str]) -> list[int]:
+        return [sum(n) for n in zip(*(self._sizes.get(t, [0] * len(self.gpus)) for t in tags), [0] * len(self.gpus), strict=True)]
 
     def _wake_set(self, tags: Collection[str] | None) -> list[str]:
         asleep = self.lifecycle.asleep_tags()
@@ -303,7 +316,7 @@ class SimAllocator:
                 cur[i] += n
         self.lifecycle.on_sleep(offload, discard)
         if not any(self.lifecycle.state(t) is TagState.AWAKE and any(n) for t, n in self._sizes.items()):
-            self._cycle_room = None  # wholly asleep: the next wake starts a new cycle
+            self._cycle.room = None  # wholly asleep: the next wake starts a new cycle
         await elapse(env, max(times))
         for tag in offload + discard:
             for gpu, n in zip(self.gpus, self._sizes.get(tag, [0] * len(self.gpus)), strict=True):
@@ -330,7 +343,7 @@ class SimAllocator:
         t0 = float(env.now)
         times = self._wake_costs(wake)
         offloaded = [t for t in wake if self.lifecycle.state(t) is TagState.OFFLOADED]
-        room = self._room()
+        room = _room(self.gpus, self.owner)
         # Map first (cuMemCreate): this is where a colocated wake runs out of memory.
         done: list[tuple[SimGPU, str, int]] = []
         try:
@@ -342,10 +355,7 @@ class SimAllocator:
             for gpu, tag, n in reversed(done):
                 gpu.free(self.owner, tag, n)
             raise
-        if self._cycle_room is None:
-            self._cycle_room, self._cycle_mapped = room, [0] * len(self.gpus)
-        for i in range(len(self.gpus)):
-            self._cycle_mapped[i] += sum(self._sizes.get(t, [0] * len(self.gpus))[i] for t in wake)
+        self._cycle.woke(room, self._per_gpu_sum(wake))
         self.lifecycle.on_wake(wake)
         await elapse(env, max(times))
         if self.pinned == "cold":
