@@ -104,20 +104,20 @@ SPILL_RUNS = ("h200_s18_calls_47.json", "h200_s18_calls_82_l1.json", "h200_s18_c
               "h200_s18_neighbour30_82.json")
 
 
-def spill_calls() -> list[tuple[float, float, float, float]]:
-    """Every KV mapping call of the probe runs: (GiB it mapped, GiB the pool mapped before it since the sleep,
-    GiB of the GPU not held by other processes, seconds). The probe's own process holds what the runs without a
-    neighbour did not find free; a neighbour holds the rest."""
+def spill_calls() -> list[tuple[str, int, float, float, float, float]]:
+    """Every KV mapping call of the probe runs: (run, cycle, GiB it mapped, GiB the pool mapped before it since the
+    sleep, GiB of the GPU not held by other processes, seconds). The probe's own process holds what the runs without
+    a neighbour did not find free; a neighbour holds the rest."""
     runs = {name: json.loads((DATA / "vmm_sweep" / name).read_text()) for name in SPILL_RUNS}
     alone = max(c["free_before_wake_gib"] for r in runs.values() if not r.get("neighbour_gib") for c in r["cycles"])
     rows = []
-    for run in runs.values():
+    for name, run in runs.items():
         per = run["size_gib"] / run["chunks"]
-        for c in run["cycles"]:
+        for k, c in enumerate(run["cycles"]):
             before = run["weights_gib"]  # the weights are mapped first, in their own wake
             ours = TOTAL_GIB - (alone - c["free_before_wake_gib"])  # the GPU less the neighbour's share
             for t in c["wake_kv_calls_s"]:
-                rows.append((per, before, ours, t))
+                rows.append((name, k, per, before, ours, t))
                 before += per
     return rows
 
@@ -133,7 +133,7 @@ def spill_terms() -> tuple[dict[str, float], list[str]]:
 
     def solve(share: float) -> tuple[float, float, float]:
         # t = cheap·gib + spill·over (normal equations of two unknowns)
-        a = [(g, spill_over(g, b, f, share)) for g, b, f, _ in rows]
+        a = [(g, spill_over(g, b, f, share)) for _, _, g, b, f, _ in rows]
         y = [t for *_, t in rows]
         s11 = sum(x * x for x, _ in a)
         s12 = sum(x * z for x, z in a)
@@ -150,19 +150,14 @@ def spill_terms() -> tuple[dict[str, float], list[str]]:
     _, cheap, spill = solve(share)
     lines = [f"{len(rows)} calls of {len(SPILL_RUNS)} runs; cheap {cheap * 1e3:.3f} ms/GiB, beyond {share:.2f} of the GPU "
              f"less other processes' memory {spill * 1e3:.2f} ms/GiB"]
-    runs = {name: json.loads((DATA / "vmm_sweep" / name).read_text()) for name in SPILL_RUNS}
-    alone = max(c["free_before_wake_gib"] for r in runs.values() if not r.get("neighbour_gib") for c in r["cycles"])
-    for name, run in runs.items():
-        per = run["size_gib"] / run["chunks"]
-        got, model = [], []
-        for c in run["cycles"]:
-            before, total, ours = run["weights_gib"], 0.0, TOTAL_GIB - (alone - c["free_before_wake_gib"])
-            for _ in c["wake_kv_calls_s"]:
-                total += cheap * per + spill * spill_over(per, before, ours, share)
-                before += per
-            got.append(sum(c["wake_kv_calls_s"]))
-            model.append(total)
-        m, g = statistics.median(model), statistics.median(got)
+    wakes: dict[str, dict[int, list[float]]] = {}  # per run and cycle: [measured, modelled] seconds of the KV wake
+    for name, k, g, b, f, t in rows:
+        w = wakes.setdefault(name, {}).setdefault(k, [0.0, 0.0])
+        w[0] += t
+        w[1] += cheap * g + spill * spill_over(g, b, f, share)
+    for name, cycles in wakes.items():
+        run = json.loads((DATA / "vmm_sweep" / name).read_text())
+        g, m = (statistics.median(w[i] for w in cycles.values()) for i in (0, 1))
         lines.append(f"{name:32s} {run['size_gib']:g} GiB x{run['chunks']} after {run['weights_gib']:g} GiB, "
                      f"neighbour {run.get('neighbour_gib', 0):g}: calls {g:.3f} s, model {m:.3f} ({100 * (m - g) / g:+.1f} %) [fitted]")
     return {"wake_spill_share": share, "wake_spill_s_per_gib": float(f"{spill:.3g}"), "_cheap_s_per_gib": cheap}, lines

@@ -40,7 +40,7 @@ def _gib(text: str) -> float:
     return _listed(text, float, "GiB", lambda v: math.isfinite(v) and v > 0, "size must be a positive finite GiB")[0]
 
 
-def _gib_or_none(text: str) -> float:
+def _gib_or_zero(text: str) -> float:
     return _listed(text, float, "GiB", lambda v: math.isfinite(v) and v >= 0, "size must be a finite GiB, 0 or more")[0]
 
 
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also map the same KV with the driver calls from Python (bench/vmm_sweep.py's self_settled, "
                          "at the first settle) this many times before the pool exists and again while it sleeps, "
                          "then one more pool cycle: the process's state or vLLM's path?")
-    ap.add_argument("--neighbour-gib", type=_gib_or_none, default=0.0,
+    ap.add_argument("--neighbour-gib", type=_gib_or_zero, default=0.0,
                     help="a second process holds this many GiB (one written torch tensor) through the whole probe, as a "
                          "resident trainer does: is the pool's cost about its own mapped GiB or the GPU's?")
     ap.add_argument("--out", required=True)
