@@ -12,7 +12,11 @@ it costs what vmm_sweep.py's settled mapping costs, it is in the engine's or the
 call by call: the pool's module-level `create_and_map` (one cuMemCreate + cuMemMap + cuMemSetAccess per tensor) is
 wrapped, so a row holds every tensor's seconds in wake order and the rest of the wake (its gc.collect, empty_cache and
 the weights' copies back) as `*_outside_calls_s`. One size per process: vLLM's pool keeps what it mapped until the
-process ends. Needs vLLM and a CUDA GPU (refused otherwise, exit code 2).
+process ends. A step's other memory traffic can be put around the wakes: `--neighbour-gib` (another process holding
+memory, the trainer's leftover), `--neighbour-cycle-gib` (that process also taking memory after the sleep and giving
+it back just before the KV wake, the trainer's onload and offload) and `--release-before-kv-mib` (this process taking
+and freeing memory between the wakes, the weight sync's buffers). Needs vLLM and a CUDA GPU (refused otherwise, exit
+code 2).
 """
 
 from __future__ import annotations
@@ -63,8 +67,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--neighbour-gib", type=_gib_or_zero, default=0.0,
                     help="a second process holds this many GiB (one written torch tensor) through the whole probe, as a "
                          "resident trainer does: is the pool's cost about its own mapped GiB or the GPU's?")
+    ap.add_argument("--neighbour-cycle-gib", type=_gib_or_zero, default=0.0,
+                    help="the neighbour also takes this many GiB after each sleep and gives them back just before the KV "
+                         "wake, as the trainer's onload, training and offload do in a colocated step (needs "
+                         "--neighbour-gib): does memory another process released just before cost the KV wake?")
+    ap.add_argument("--release-before-kv-mib", type=_gib_or_zero, default=0.0,
+                    help="between the two wakes this process takes and frees (torch's allocator, then empty_cache) this "
+                         "many MiB, as the weight sync's buffers come and go: is the cycle's costly first mapping call "
+                         "paid again after any release?")
     ap.add_argument("--out", required=True)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.neighbour_cycle_gib and not args.neighbour_gib:
+        ap.error("--neighbour-cycle-gib needs --neighbour-gib (the neighbour that takes and gives back the memory)")
+    return args
 
 
 class CallTimer:
@@ -98,8 +113,45 @@ def call_split(total_s: float, calls: list[float], prefix: str) -> dict:
     return {f"{prefix}_calls_s": [round(c, 6) for c in calls], f"{prefix}_outside_calls_s": total_s - sum(calls)}
 
 
-def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, level: int = 1) -> dict:
-    """Sleep, wait, wake weights, wake KV, write the KV: seconds of each (and of each mapping call, with `timer`)."""
+class Neighbour:
+    """The other process seen from the probe: `take(gib)` and `give_back()` return once it has done so (seconds)."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def ask(self, *msg) -> float:
+        t = time.perf_counter()
+        self.conn.send(msg)
+        if not self.conn.poll(120) or self.conn.recv() != "ok":
+            raise RuntimeError(f"the neighbour did not answer {msg[0]!r} in 120 s")
+        return time.perf_counter() - t
+
+    def take(self, gib: float) -> float:
+        return self.ask("take", gib)
+
+    def give_back(self) -> float:
+        return self.ask("give_back")
+
+
+def release_in_process(mib: float) -> float:
+    """Take `mib` MiB through torch's own allocator, write it and hand it back to the driver (empty_cache): seconds."""
+    import torch
+
+    t = time.perf_counter()
+    buf = torch.empty(int(mib * (1 << 20)), dtype=torch.uint8, device="cuda")
+    buf.fill_(1)
+    del buf
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return time.perf_counter() - t
+
+
+def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, level: int = 1,
+          neighbour: Neighbour | None = None, cycle_gib: float = 0.0, release_mib: float = 0.0) -> dict:
+    """Sleep, wait, wake weights, wake KV, write the KV: seconds of each (and of each mapping call, with `timer`).
+
+    With `cycle_gib` the neighbour takes that much after the sleep and gives it back just before the KV wake (the
+    trainer's onload and offload); with `release_mib` this process takes and frees that much between the wakes."""
     import torch
 
     torch.cuda.synchronize()
@@ -107,13 +159,22 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
     alloc.sleep(offload_tags=("weights",) if level == 1 else ())
     torch.cuda.synchronize()
     t1 = time.perf_counter()
+    row = {"settle_s": settle_s, "sleep_s": t1 - t0}
+    if cycle_gib:
+        row["neighbour_take_s"] = neighbour.take(cycle_gib)
     time.sleep(settle_s)
-    free_before = torch.cuda.mem_get_info()[0] / GIB
+    row["free_before_wake_gib"] = torch.cuda.mem_get_info()[0] / GIB
     t2 = time.perf_counter()
     alloc.wake_up(["weights"])
     torch.cuda.synchronize()
     t3 = time.perf_counter()
     weight_calls = timer.take() if timer else []
+    if release_mib:
+        row["release_in_process_s"] = release_in_process(release_mib)
+    if cycle_gib:
+        row["neighbour_give_back_s"] = neighbour.give_back()
+    row["free_before_kv_gib"] = torch.cuda.mem_get_info()[0] / GIB
+    t3k = time.perf_counter()
     alloc.wake_up(["kv_cache"])
     torch.cuda.synchronize()
     t4 = time.perf_counter()
@@ -122,10 +183,9 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
         t.fill_(1)
     torch.cuda.synchronize()
     t5 = time.perf_counter()
-    row = {"settle_s": settle_s, "sleep_s": t1 - t0, "free_before_wake_gib": free_before, "wake_weights_s": t3 - t2,
-           "wake_kv_s": t4 - t3, "write_kv_s": t5 - t4}
+    row |= {"wake_weights_s": t3 - t2, "wake_kv_s": t4 - t3k, "write_kv_s": t5 - t4}
     if timer:
-        row |= call_split(t3 - t2, weight_calls, "wake_weights") | call_split(t4 - t3, kv_calls, "wake_kv")
+        row |= call_split(t3 - t2, weight_calls, "wake_weights") | call_split(t4 - t3k, kv_calls, "wake_kv")
     return row
 
 
@@ -148,18 +208,32 @@ def raw_rows(drv, nbytes: int, chunks: int, settle_s: float, repeats: int, when:
 
 
 def hold(conn, gib: float) -> None:
-    """The neighbour: take `gib` GiB in one tensor, write it, say so, hold it until told (or the pipe closes)."""
+    """The neighbour: take `gib` GiB in one written tensor, say so, then serve ("take", GiB) and ("give_back",) (the
+    taken memory handed back to the driver) until told to exit or the pipe closes."""
     import torch
 
     x = torch.empty(int(gib * GIB), dtype=torch.uint8, device="cuda")
     x.fill_(1)
     torch.cuda.synchronize()
     conn.send("ready")
-    try:
-        conn.recv()
-    except EOFError:
-        pass
-    del x
+    taken = None
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg[0] == "take":
+            taken = torch.empty(int(msg[1] * GIB), dtype=torch.uint8, device="cuda")
+            taken.fill_(1)
+        elif msg[0] == "give_back":
+            taken = None
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        else:
+            break
+        torch.cuda.synchronize()
+        conn.send("ok")
+    del x, taken
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,14 +263,14 @@ def main(argv: list[str] | None = None) -> int:
             neighbour.kill()
             return 1
     try:
-        return probe(args, out, torch, cumem, CuMemAllocator)
+        return probe(args, out, torch, cumem, CuMemAllocator, Neighbour(conn) if conn else None)
     finally:
         if neighbour is not None:
-            conn.send("exit")
+            conn.send(("exit",))
             neighbour.join(30)
 
 
-def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator) -> int:
+def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator, neighbour: Neighbour | None) -> int:
     """The probe itself, in this process (after the neighbour, if any, holds its memory)."""
     torch.cuda.init()
     alloc = CuMemAllocator.get_instance()
@@ -212,26 +286,30 @@ def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator) -> 
     torch.cuda.synchronize()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "size_gib": args.size,
               "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
-              "level": args.level, "neighbour_gib": args.neighbour_gib, "argv": sys.argv,
+              "level": args.level, "neighbour_gib": args.neighbour_gib, "neighbour_cycle_gib": args.neighbour_cycle_gib,
+              "release_before_kv_mib": args.release_before_kv_mib, "argv": sys.argv,
               "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "raw": raw, "cycles": []}
-    cycle(alloc, kv, 0.5, level=args.level)  # warm: the first sleep pins the host backup
+    between = dict(neighbour=neighbour, cycle_gib=args.neighbour_cycle_gib, release_mib=args.release_before_kv_mib)
+    cycle(alloc, kv, 0.5, level=args.level, **between)  # warm: the first sleep pins the host backup
     timer = CallTimer(cumem)
     for r in range(args.repeats):
         for settle in args.settles:
             with timer:
-                row = {"repeat": r, **cycle(alloc, kv, settle, timer, args.level)}
+                row = {"repeat": r, **cycle(alloc, kv, settle, timer, args.level, **between)}
             result["cycles"].append(row)
             out.write_text(json.dumps(result, indent=1) + "\n")
             print(f"{args.size:g} GiB x{args.chunks} settle {settle:g} s: sleep {row['sleep_s']:.4f}, wake weights "
                   f"{row['wake_weights_s']:.4f}, wake kv {row['wake_kv_s']:.4f}, write kv {row['write_kv_s']:.4f} s, "
-                  f"free before {row['free_before_wake_gib']:.1f} GiB; kv outside the calls {row['wake_kv_outside_calls_s']:.4f} s, "
-                  f"calls {min(row['wake_kv_calls_s']):.4f}-{max(row['wake_kv_calls_s']):.4f} s", flush=True)
+                  f"free before {row['free_before_wake_gib']:.1f} / {row['free_before_kv_gib']:.1f} GiB; kv outside the "
+                  f"calls {row['wake_kv_outside_calls_s']:.4f} s, first calls weights {row['wake_weights_calls_s'][0]:.4f} "
+                  f"kv {row['wake_kv_calls_s'][0]:.4f}, kv calls {min(row['wake_kv_calls_s']):.4f}-"
+                  f"{max(row['wake_kv_calls_s']):.4f} s", flush=True)
     if drv:
         alloc.sleep(offload_tags=("weights",) if args.level == 1 else ())
         raw += raw_rows(drv, raw_per, args.chunks, args.settles[0], args.raw_repeats, "while the pool sleeps")
         alloc.wake_up()
         with timer:
-            row = {"repeat": "after raw", **cycle(alloc, kv, args.settles[0], timer, args.level)}
+            row = {"repeat": "after raw", **cycle(alloc, kv, args.settles[0], timer, args.level, **between)}
         result["cycles"].append(row)
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"pool after the raw rows: wake kv {row['wake_kv_s']:.4f} s", flush=True)

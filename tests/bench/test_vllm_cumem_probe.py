@@ -60,3 +60,42 @@ def test_the_call_timer_times_each_mapping_call_and_puts_the_module_back() -> No
     assert module.create_and_map is original and timer.take() == []
     split = call_split(0.5, [0.1, 0.2], "wake_kv")
     assert split["wake_kv_calls_s"] == [0.1, 0.2] and abs(split["wake_kv_outside_calls_s"] - 0.2) < 1e-12
+
+
+@pytest.mark.parametrize("flag", ["--neighbour-cycle-gib", "--release-before-kv-mib"])
+def test_the_step_traffic_flags_refuse_bad_numbers(tmp_path, flag) -> None:
+    out = tmp_path / "p.json"
+    proc = run("--size", "4", "--neighbour-gib", "2", flag, "-1", "--out", str(out))
+    assert proc.returncode == 2 and flag in proc.stderr.strip().splitlines()[-1]
+    assert not out.exists()
+
+
+def test_a_neighbour_cycle_without_a_neighbour_is_refused(tmp_path) -> None:
+    out = tmp_path / "p.json"
+    proc = run("--size", "4", "--neighbour-cycle-gib", "20", "--out", str(out))
+    assert proc.returncode == 2 and "--neighbour-cycle-gib needs --neighbour-gib" in proc.stderr
+    assert not out.exists()
+
+
+def test_the_neighbour_is_asked_and_waited_for() -> None:
+    import multiprocessing as mp
+    import threading
+
+    sys.path.insert(0, str(ROOT))
+    from bench.vllm_cumem_probe import Neighbour
+
+    ours, theirs = mp.Pipe()
+    heard = []
+
+    def serve() -> None:
+        while (msg := theirs.recv())[0] != "exit":
+            heard.append(msg)
+            theirs.send("ok")
+
+    server = threading.Thread(target=serve)
+    server.start()
+    n = Neighbour(ours)
+    assert n.take(30.5) >= 0 and n.give_back() >= 0
+    ours.send(("exit",))
+    server.join()
+    assert heard == [("take", 30.5), ("give_back",)]
