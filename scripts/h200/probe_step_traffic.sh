@@ -14,12 +14,14 @@ probe() {
 }
 W06="--size 124.23 --chunks 28 --weights-gib 1.1 --weight-tensors 311 --level 2"
 W4B="--size 117.25 --chunks 36 --weights-gib 7.5 --weight-tensors 399 --level 2"
-for name in ${RUNS:-06b_leftover 06b_trainer 4b_leftover 4b_trainer moe_trainer 06b_release}; do
+for name in ${RUNS:-06b_leftover 06b_trainer 4b_leftover 4b_trainer moe_leftover moe_trainer 06b_release}; do
   case $name in
     06b_leftover) probe $name $W06 --neighbour-gib 6 --settles 0.5,10 --repeats 2 ;;
     06b_trainer) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 86 --settles 0.5,10 --repeats 2 ;;
     4b_leftover) probe $name $W4B --neighbour-gib 7.4 --settles 0.5 --repeats 3 ;;
     4b_trainer) probe $name $W4B --neighbour-gib 7.4 --neighbour-cycle-gib 108 --settles 0.5 --repeats 3 ;;
+    moe_leftover) probe $name --size 118.39 --chunks 4 --weights-gib 5.8 --weight-tensors 39 --level 2 \
+                   --neighbour-gib 6.8 --settles 0.5 --repeats 3 ;;
     moe_trainer) probe $name --size 118.39 --chunks 4 --weights-gib 5.8 --weight-tensors 39 --level 2 \
                    --neighbour-gib 6.8 --neighbour-cycle-gib 65 --settles 0.5 --repeats 3 ;;
     06b_release) probe $name $W06 --release-before-kv-mib 1024 --settles 0.5,10 --repeats 2 ;;
