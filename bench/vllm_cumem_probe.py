@@ -40,6 +40,10 @@ def _settles(text: str) -> list[float]:
     return _listed(text, float, "seconds", lambda v: math.isfinite(v) and v >= 0, "settle must be finite and at least 0")
 
 
+def _seconds(text: str) -> float:
+    return _settles(text)[0]
+
+
 def _gib(text: str) -> float:
     return _listed(text, float, "GiB", lambda v: math.isfinite(v) and v > 0, "size must be a positive finite GiB")[0]
 
@@ -75,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="between the two wakes this process takes and frees (torch's allocator, then empty_cache) this "
                          "many MiB, as the weight sync's buffers come and go: is the cycle's costly first mapping call "
                          "paid again after any release?")
+    ap.add_argument("--kv-delay-s", type=_seconds, default=0.0,
+                    help="seconds between that traffic and the KV wake: is what another process released paid for in "
+                         "the background while nothing maps?")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.neighbour_cycle_gib and not args.neighbour_gib:
@@ -147,7 +154,8 @@ def release_in_process(mib: float) -> float:
 
 
 def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, level: int = 1,
-          neighbour: Neighbour | None = None, cycle_gib: float = 0.0, release_mib: float = 0.0) -> dict:
+          neighbour: Neighbour | None = None, cycle_gib: float = 0.0, release_mib: float = 0.0,
+          kv_delay_s: float = 0.0) -> dict:
     """Sleep, wait, wake weights, wake KV, write the KV: seconds of each (and of each mapping call, with `timer`).
 
     With `cycle_gib` the neighbour takes that much after the sleep and gives it back just before the KV wake (the
@@ -174,6 +182,9 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
     if cycle_gib:
         row["neighbour_give_back_s"] = neighbour.give_back()
     row["free_before_kv_gib"] = torch.cuda.mem_get_info()[0] / GIB
+    if kv_delay_s:
+        row["kv_delay_s"] = kv_delay_s
+        time.sleep(kv_delay_s)
     t3k = time.perf_counter()
     alloc.wake_up(["kv_cache"])
     torch.cuda.synchronize()
@@ -287,9 +298,10 @@ def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator, nei
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "size_gib": args.size,
               "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
               "level": args.level, "neighbour_gib": args.neighbour_gib, "neighbour_cycle_gib": args.neighbour_cycle_gib,
-              "release_before_kv_mib": args.release_before_kv_mib, "argv": sys.argv,
+              "release_before_kv_mib": args.release_before_kv_mib, "kv_delay_s": args.kv_delay_s, "argv": sys.argv,
               "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "raw": raw, "cycles": []}
-    between = dict(neighbour=neighbour, cycle_gib=args.neighbour_cycle_gib, release_mib=args.release_before_kv_mib)
+    between = dict(neighbour=neighbour, cycle_gib=args.neighbour_cycle_gib, release_mib=args.release_before_kv_mib,
+                   kv_delay_s=args.kv_delay_s)
     cycle(alloc, kv, 0.5, level=args.level, **between)  # warm: the first sleep pins the host backup
     timer = CallTimer(cumem)
     for r in range(args.repeats):

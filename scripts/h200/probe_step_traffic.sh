@@ -25,6 +25,13 @@ for name in ${RUNS:-06b_leftover 06b_trainer 4b_leftover 4b_trainer moe_leftover
     moe_trainer) probe $name --size 118.39 --chunks 4 --weights-gib 5.8 --weight-tensors 39 --level 2 \
                    --neighbour-gib 6.8 --neighbour-cycle-gib 65 --settles 0.5 --repeats 3 ;;
     06b_release) probe $name $W06 --release-before-kv-mib 1024 --settles 0.5,10 --repeats 2 ;;
+    06b_trainer_d01) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 86 --kv-delay-s 0.1 --settles 0.5 --repeats 2 ;;
+    06b_trainer_d05) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 86 --kv-delay-s 0.5 --settles 0.5 --repeats 2 ;;
+    06b_trainer_d2) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 86 --kv-delay-s 2 --settles 0.5 --repeats 2 ;;
+    06b_cycle40) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 40 --settles 0.5 --repeats 2 ;;
+    small_trainer) probe $name --size 20 --chunks 28 --weights-gib 1.1 --weight-tensors 311 --level 2 --neighbour-gib 6 \
+                     --neighbour-cycle-gib 86 --settles 0.5 --repeats 2 ;;
+    4b_trainer_d05) probe $name $W4B --neighbour-gib 7.4 --neighbour-cycle-gib 108 --kv-delay-s 0.5 --settles 0.5 --repeats 2 ;;
     *) echo "unknown run $name" >&2 ;;
   esac
 done

@@ -62,7 +62,7 @@ def test_the_call_timer_times_each_mapping_call_and_puts_the_module_back() -> No
     assert split["wake_kv_calls_s"] == [0.1, 0.2] and abs(split["wake_kv_outside_calls_s"] - 0.2) < 1e-12
 
 
-@pytest.mark.parametrize("flag", ["--neighbour-cycle-gib", "--release-before-kv-mib"])
+@pytest.mark.parametrize("flag", ["--neighbour-cycle-gib", "--release-before-kv-mib", "--kv-delay-s"])
 def test_the_step_traffic_flags_refuse_bad_numbers(tmp_path, flag) -> None:
     out = tmp_path / "p.json"
     proc = run("--size", "4", "--neighbour-gib", "2", flag, "-1", "--out", str(out))
