@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="between the two wakes this process takes and frees (torch's allocator, then empty_cache) this "
                          "many MiB, as the weight sync's buffers come and go: is the cycle's costly first mapping call "
                          "paid again after any release?")
+    ap.add_argument("--give-back-before", choices=("kv", "weights"), default="kv",
+                    help="when the neighbour gives its cycle's memory back: just before the KV wake, or just before the "
+                         "weights' wake (vime's order: the trainer sleeps at the end of its train phase, before both)")
     ap.add_argument("--kv-delay-s", type=_seconds, default=0.0,
                     help="seconds between that traffic and the KV wake: is what another process released paid for in "
                          "the background while nothing maps?")
@@ -155,11 +158,12 @@ def release_in_process(mib: float) -> float:
 
 def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, level: int = 1,
           neighbour: Neighbour | None = None, cycle_gib: float = 0.0, release_mib: float = 0.0,
-          kv_delay_s: float = 0.0) -> dict:
+          kv_delay_s: float = 0.0, give_back_before: str = "kv") -> dict:
     """Sleep, wait, wake weights, wake KV, write the KV: seconds of each (and of each mapping call, with `timer`).
 
     With `cycle_gib` the neighbour takes that much after the sleep and gives it back just before the KV wake (the
-    trainer's onload and offload); with `release_mib` this process takes and frees that much between the wakes."""
+    trainer's onload and offload), or before the weights' wake with `give_back_before="weights"`; with `release_mib`
+    this process takes and frees that much between the wakes; `kv_delay_s` waits before the KV wake (a weight sync)."""
     import torch
 
     torch.cuda.synchronize()
@@ -171,6 +175,8 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
     if cycle_gib:
         row["neighbour_take_s"] = neighbour.take(cycle_gib)
     time.sleep(settle_s)
+    if cycle_gib and give_back_before == "weights":
+        row["neighbour_give_back_s"] = neighbour.give_back()
     row["free_before_wake_gib"] = torch.cuda.mem_get_info()[0] / GIB
     t2 = time.perf_counter()
     alloc.wake_up(["weights"])
@@ -179,7 +185,7 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
     weight_calls = timer.take() if timer else []
     if release_mib:
         row["release_in_process_s"] = release_in_process(release_mib)
-    if cycle_gib:
+    if cycle_gib and give_back_before == "kv":
         row["neighbour_give_back_s"] = neighbour.give_back()
     row["free_before_kv_gib"] = torch.cuda.mem_get_info()[0] / GIB
     if kv_delay_s:
@@ -298,10 +304,11 @@ def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator, nei
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "size_gib": args.size,
               "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
               "level": args.level, "neighbour_gib": args.neighbour_gib, "neighbour_cycle_gib": args.neighbour_cycle_gib,
-              "release_before_kv_mib": args.release_before_kv_mib, "kv_delay_s": args.kv_delay_s, "argv": sys.argv,
+              "release_before_kv_mib": args.release_before_kv_mib, "kv_delay_s": args.kv_delay_s,
+              "give_back_before": args.give_back_before, "argv": sys.argv,
               "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "raw": raw, "cycles": []}
     between = dict(neighbour=neighbour, cycle_gib=args.neighbour_cycle_gib, release_mib=args.release_before_kv_mib,
-                   kv_delay_s=args.kv_delay_s)
+                   kv_delay_s=args.kv_delay_s, give_back_before=args.give_back_before)
     cycle(alloc, kv, 0.5, level=args.level, **between)  # warm: the first sleep pins the host backup
     timer = CallTimer(cumem)
     for r in range(args.repeats):
