@@ -16,6 +16,7 @@ from vime.protocols import ENGINE_TAGS, TAG_CUDA_GRAPH, TAG_KV_CACHE, TAG_RUNTIM
 from vime.report.recorder import HOST, Recorder
 from vime.sim import clock
 from vime.sim.hardware import load_hardware
+from vime.sim.memory.allocator import elapse
 from vime.sim.memory import (
     GiB,
     HostOutOfMemoryError,
@@ -252,9 +253,10 @@ def test_mapping_beside_another_process_pays_the_shared_map_cost():
     assert seconds[True] - seconds[False] == pytest.approx(18 * 0.01, rel=1e-9)
 
 
-def test_spill_counts_what_the_pool_mapped_since_it_last_slept_wholly_against_the_free_memory_then():
-    """spill_bytes: bytes beyond `share` of the free memory at the pool's first wake of a cycle; the weights woken
-    first count, a neighbour's memory only through the free memory at that first wake; a whole sleep starts anew."""
+def test_spill_counts_what_the_pool_mapped_since_it_last_slept_wholly_against_the_free_memory_now():
+    """spill_bytes: bytes beyond `share` of the memory other owners leave the GPU at this wake; the weights woken
+    first in the cycle count; a neighbour's memory counts while it holds it (the s19 probe: room at each call, not at
+    the cycle's first wake); a whole sleep starts anew."""
     cl = _cluster()
     alloc = _engine_allocator(cl)
     _fill_engine(alloc)  # per GPU: 4 GiB weights, 18 GiB KV, 3/4 GiB runtime + graphs (non-deferrable)
@@ -266,9 +268,12 @@ def test_spill_counts_what_the_pool_mapped_since_it_last_slept_wholly_against_th
         everything = [TAG_WEIGHTS, TAG_KV_CACHE, TAG_RUNTIME, TAG_CUDA_GRAPH]
         await alloc.sleep([], everything)
         seen["kv first"] = alloc.spill_bytes([TAG_KV_CACHE], share)
-        await alloc.wake_up([TAG_WEIGHTS])  # the cycle's first wake: the free memory now is the reference
-        cl.gpus[1].alloc("actor", "context", 2 * GiB)  # a neighbour arriving later does not move it
+        cl.gpus[1].alloc("actor", "context", 2 * GiB)  # a neighbour holding memory during the weights' wake
+        await alloc.wake_up([TAG_WEIGHTS])
+        cl.gpus[1].free("actor", "context", 2 * GiB)  # ... and gone before the KV's: it no longer counts
         seen["kv after weights"] = alloc.spill_bytes([TAG_KV_CACHE], share)
+        cl.gpus[1].alloc("actor", "context", 2 * GiB)  # back, and there at the KV's wake: it counts
+        seen["kv beside the neighbour"] = alloc.spill_bytes([TAG_KV_CACHE], share)
         await alloc.wake_up([TAG_KV_CACHE])
         await alloc.sleep([], everything)
         seen["next cycle, kv first"] = alloc.spill_bytes([TAG_KV_CACHE], share)
@@ -276,8 +281,63 @@ def test_spill_counts_what_the_pool_mapped_since_it_last_slept_wholly_against_th
     clock.run(main(), env=cl.env)
     assert seen["kv first"] == pytest.approx([8 * GiB] * 2, abs=2)  # 18 3/4 GiB (KV + non-deferrable) − 10 3/4
     assert seen["kv after weights"] == pytest.approx([12 * GiB] * 2, abs=2)  # 4 3/4 + 18 − 10 3/4
-    # the neighbour's 2 GiB are now in the reference: GPU 1's cheap part is smaller by share · 2 GiB
+    # the neighbour's 2 GiB shrink GPU 1's cheap part by share · 2 GiB
+    assert seen["kv beside the neighbour"] == pytest.approx([12 * GiB, 12 * GiB + share * 2 * GiB], abs=2)
     assert seen["next cycle, kv first"] == pytest.approx([8 * GiB, 8 * GiB + share * 2 * GiB], abs=2)
+
+
+def test_a_gpu_notes_what_an_owner_hands_back_and_when_it_is_ready_for_another():
+    """hand_back: the bytes below the owner's high-water mark since it last handed back (a caching allocator keeps
+    freed blocks until then); not_ready: what other owners handed back and the driver has not yet made ready."""
+    env = simpy.Environment()
+    gpu = SimGPU(0, 100 * GiB, env=env)
+    gpu.alloc("actor", "params", 10 * GiB)
+    gpu.alloc("actor", "activations", 60 * GiB)
+    gpu.free("actor", "activations", 60 * GiB)  # freed into the cache: not handed back yet
+    assert gpu.not_ready("engine", 0.01) == (0.0, 0)
+    gpu.free("actor", "params", 6 * GiB)
+    assert gpu.hand_back("actor") == 66 * GiB  # the high-water mark (70) less what it keeps (4)
+    assert gpu.hand_back("actor") == 0  # the mark restarted at 4
+    wait, left = gpu.not_ready("engine", 0.01)
+    assert wait == pytest.approx(0.66) and left == 66 * GiB
+    assert gpu.not_ready("actor", 0.01) == (0.0, 0)  # its own memory it may take back at once
+    env.run(until=0.5)
+    wait, left = gpu.not_ready("engine", 0.01)
+    assert wait == pytest.approx(0.16) and left == pytest.approx(16 * GiB, abs=2)
+    env.run(until=1.0)
+    assert gpu.not_ready("engine", 0.01) == (0.0, 0)
+
+
+def test_a_wake_waits_for_handed_back_memory_only_once_it_maps_beyond_the_ready_share():
+    """ready_wait_s (EngineSettings.wake_ready_s_per_gib): a wake whose mapping stays under `share` of the room less
+    what is not ready maps at once; one that goes beyond waits until all of it is ready (bench/data/vmm_sweep/
+    h200_s19_*: 86 GiB handed back, a 20 GiB KV 0.01 s, a 124 GiB KV 0.21 s more)."""
+    cl = _cluster()
+    alloc = _engine_allocator(cl)
+    _fill_engine(alloc)  # per GPU: 4 GiB weights, 18 GiB KV, 3/4 GiB runtime + graphs
+    cap = cl.gpus[0].capacity
+    seen: dict[str, float] = {}
+
+    async def main() -> None:
+        await alloc.sleep([], [TAG_WEIGHTS, TAG_KV_CACHE, TAG_RUNTIME, TAG_CUDA_GRAPH])
+        for gpu in cl.gpus:
+            gpu.alloc("actor", "state", cap - 30 * GiB)  # the trainer takes most of the GPU while the engine sleeps
+        for gpu in cl.gpus:
+            gpu.free("actor", "state")
+            gpu.hand_back("actor")  # ... and hands it back (its sleep)
+        everything = [TAG_WEIGHTS, TAG_KV_CACHE]
+        seen["small share"] = alloc.ready_wait_s(everything, 0.5, 0.01)  # 23 GiB > 0.5 × 30: waits
+        seen["large share"] = alloc.ready_wait_s(everything, 0.9, 0.01)  # 23 GiB < 0.9 × 30: maps at once
+        seen["no rate"] = alloc.ready_wait_s(everything, 0.5, 0.0)
+        await elapse(cl.env, 0.1)
+        seen["later"] = alloc.ready_wait_s(everything, 0.5, 0.01)  # 0.5 × (30 + 10) still under 23 GiB: waits the rest
+        await elapse(cl.env, 0.2)
+        seen["later still"] = alloc.ready_wait_s(everything, 0.5, 0.01)  # 0.5 × (30 + 30) over it: maps at once
+
+    clock.run(main(), env=cl.env)
+    full = (cap - 30 * GiB) / GiB * 0.01
+    assert seen["small share"] == pytest.approx(full) and seen["later"] == pytest.approx(full - 0.1)
+    assert seen["large share"] == seen["no rate"] == seen["later still"] == 0.0
 
 
 def test_the_engines_kv_wake_pays_the_spill_rate_beyond_its_share() -> None:

@@ -19,7 +19,7 @@ SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "response_per_request_
                       "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
                       "outside_budget_bytes", "sleep_backup_runtime",
                       "kv_cache_space_bytes", "kv_read_bytes_per_s", "sample_s_per_logit", "wake_spill_share",
-                      "wake_spill_s_per_gib")
+                      "wake_spill_s_per_gib", "wake_ready_s_per_gib")
 
 #: Plausible ranges of a GPU's top-level figures (low, high, unit): outside them a value is a typo or
 #: a wrong unit (GB for bytes, TFLOP/s for FLOP/s), not a chip.

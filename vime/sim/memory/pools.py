@@ -56,6 +56,9 @@ class _Pool:
         self.peak_bytes = 0
         self._peaks: dict[tuple[str, str], int] = {}
         self._freed: dict[str, int] = {}  # bytes each owner has released, ever
+        self._owner_bytes: dict[str, int] = {}
+        self._owner_high: dict[str, int] = {}  # per owner, its most bytes since it last handed memory back
+        self._handed_back: dict[str, tuple[float, int]] = {}  # per owner, when it last did and how many bytes
 
     def _now(self) -> float:
         """The pool's time: its env's, else its recorder's clock, else the running simulation's (0.0 outside one)."""
@@ -91,12 +94,34 @@ class _Pool:
             self.peak_bytes = total
         if held > self._peaks.get(key, 0):
             self._peaks[key] = held
+        mine = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + nbytes
+        self._owner_high[owner] = max(self._owner_high.get(owner, 0), mine)
         if self.recorder is not None:
             self.recorder.on_memory(self.index, owner, tag, held, total, self._now())
 
     def freed_by_others(self, owner: str) -> int:
         """Bytes every owner but `owner` has released here, ever (a wake compares two readings)."""
         return sum(n for o, n in self._freed.items() if o != owner)
+
+    def hand_back(self, owner: str) -> int:
+        """`owner` returns its freed memory to the driver now (a sleep's empty_cache): the bytes below its high-water
+        mark since it last did, as a caching allocator (torch's) keeps freed blocks until then; noted with the time."""
+        mine = self._owner_bytes.get(owner, 0)
+        nbytes = self._owner_high.get(owner, 0) - mine
+        self._owner_high[owner] = mine
+        if nbytes > 0:
+            self._handed_back[owner] = (self._now(), nbytes)
+        return nbytes
+
+    def not_ready(self, owner: str, s_per_gib: float) -> tuple[float, int]:
+        """What owners other than `owner` handed back and the driver has not yet made ready for another process (it
+        clears memory in the background at `s_per_gib` from the hand-back): (seconds until all is, bytes still not)."""
+        now, wait, left = self._now(), 0.0, 0
+        for other, (t, nbytes) in self._handed_back.items():
+            rest = t + nbytes / GiB * s_per_gib - now if other != owner else 0.0
+            if rest > 0:
+                wait, left = max(wait, rest), left + int(rest / s_per_gib * GiB)
+        return wait, left
 
     def owners(self) -> set[str]:
         """Every owner that has held memory here (a process once on a GPU keeps its context there)."""
@@ -122,6 +147,7 @@ class _Pool:
         else:
             del self._held[key]
         self._total -= amount
+        self._owner_bytes[owner] -= amount
         self._freed[owner] = self._freed.get(owner, 0) + amount
         if self.recorder is not None:
             self.recorder.on_memory(self.index, owner, tag, left, self._total, self._now())
