@@ -13,7 +13,8 @@ seed step (the bytes and seconds come from `ActorCostModel`):
   says the training forward cannot be reused.
 - step 40: per DP rank (concurrently), per micro-batch: activations allocated for the
   micro-batch, fwd + bwd time; then gradient reduce-scatter, the optimizer step (its temporaries
-  allocated meanwhile) and the parameter all-gather over DP.
+  allocated meanwhile) and the parameter all-gather over DP. Freed activations stay in PyTorch's
+  cache (the tag keeps its largest size) until the sleep empties it.
 - step 41: the weight backup (device → host copy of each rank's params).
 - step 48 (`export_weights`): HF-named, TP-gathered tensors packed into buckets; each bucket is
   staged on every actor GPU (a packed buffer the colocated engine reads over CUDA IPC) with the
@@ -134,6 +135,8 @@ class SimTrainer(ActorCostModel):
         self.lifecycle.check("sleep")
         t0 = float(self.cluster.env.now)
         await self._call()
+        if self.allocator.device_bytes("activations"):
+            self.allocator.release("activations")  # the sleep's empty_cache: the cached blocks go, nothing to remap
         # --train-offload-plan: the tags it leaves out stay resident ("all": params and optimizer to host)
         await self.extras.sleep(self.allocator, offload_plan_sets(self.offload_plan))
         self.lifecycle.apply("sleep")
@@ -183,12 +186,10 @@ class SimTrainer(ActorCostModel):
                     nbytes = self.activation_bytes(tokens, lengths) * inflight + self.loss_transient_bytes(tokens)
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
-                sizes = dict.fromkeys(positions, nbytes)
-                self.allocator.allocate("activations", sizes)
+                self._cache_at_least(positions, nbytes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
                 busy += fwd + bwd
-                self.allocator.release("activations", sizes)
             if lay.pp > 1 and micro_batches:
                 # 1F1B pipeline: (m + pp − 1) stage slots for m micro-batches; the bubble is pp − 1 of them.
                 await elapse(env, (lay.pp - 1) * busy / len(micro_batches))
@@ -201,6 +202,16 @@ class SimTrainer(ActorCostModel):
             for t in tasks:
                 t.cancel()
         self.cluster.recorder.span(self.name, label, t0, float(env.now), step=step)
+
+    def _cache_at_least(self, positions: list[int], nbytes: int) -> None:
+        """A micro-batch's activations (or the optimizer step's temporaries) on these GPUs: PyTorch's caching
+        allocator reuses the blocks earlier ones freed and keeps them until the sleep's empty_cache, so the tag only
+        grows, to the largest so far (a resident trainer holds it through the rollout: the 2026-12-04 H200 run with
+        --no-offload-train held 52 GiB from its first train step on)."""
+        held = self.allocator.device_bytes_per_gpu("activations")
+        grow = {p: nbytes - held[p] for p in positions if nbytes > held[p]}
+        if grow:
+            self.allocator.allocate("activations", grow)
 
     def needs_ref_log_probs(self) -> bool:
         """A KL term (loss or reward penalty) needs the reference model's log-probs."""
@@ -241,12 +252,9 @@ class SimTrainer(ActorCostModel):
         for step in range(batch.schedule.num_steps):
             await self._run_microbatches(batch, step, backward=True, label=f"train_step{step}")
             t_opt = float(env.now)
-            transient = dict(enumerate(self.optimizer_transient_per_gpu()))
-            if any(transient.values()):
-                self.allocator.allocate("activations", transient)
+            for i, n in enumerate(self.optimizer_transient_per_gpu()):
+                self._cache_at_least([i], n)
             await elapse(env, self._optimizer_seconds())
-            if any(transient.values()):
-                self.allocator.release("activations", transient)
             self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
         timings["actor_train_time"] = float(env.now) - t_train
         self.extras.trained(batch)
