@@ -478,6 +478,9 @@ RUN_SPECS = {
         "MBS": "8", "EXTRA_ARGS": "--gpu-memory-utilization 0.75"}),
     "qwen3-4b-cumem-1g-mbs2-util070_2026-12-04s18": ("qwen3-4b", "cumem", {
         "MBS": "2", "EXTRA_ARGS": "--gpu-memory-utilization 0.7"}),
+    # the fourteenth lease, predicted (predicted_2026-12-04s19_next_06b_nooffload) before it ran: the trainer resident
+    "qwen3-0.6b-cumem-1g-mbs4-nooffload-util030_2026-12-04s19": ("qwen3-0.6b", "cumem", {
+        "MBS": "4", "EXTRA_ARGS": "--no-offload-train --gpu-memory-utilization 0.3"}),
 }
 
 

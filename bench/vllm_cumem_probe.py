@@ -82,11 +82,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--give-back-before", choices=("kv", "weights"), default="kv",
                     help="when the neighbour gives its cycle's memory back: just before the KV wake, or just before the "
                          "weights' wake (vime's order: the trainer sleeps at the end of its train phase, before both)")
+    ap.add_argument("--neighbour-buffer-mib", type=_gib_or_zero, default=0.0,
+                    help="after --kv-delay-s the neighbour takes and gives back this many MiB, as the trainer's weight "
+                         "buckets come and go: does another process's allocation take the cost of the first mapping "
+                         "after its hand-back off the KV wake?")
     ap.add_argument("--kv-delay-s", type=_seconds, default=0.0,
                     help="seconds between that traffic and the KV wake: is what another process released paid for in "
                          "the background while nothing maps?")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.neighbour_buffer_mib and not args.neighbour_gib:
+        ap.error("--neighbour-buffer-mib needs --neighbour-gib (the neighbour that takes and gives back the buffer)")
     if args.neighbour_cycle_gib and not args.neighbour_gib:
         ap.error("--neighbour-cycle-gib needs --neighbour-gib (the neighbour that takes and gives back the memory)")
     return args
@@ -158,7 +164,7 @@ def release_in_process(mib: float) -> float:
 
 def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, level: int = 1,
           neighbour: Neighbour | None = None, cycle_gib: float = 0.0, release_mib: float = 0.0,
-          kv_delay_s: float = 0.0, give_back_before: str = "kv") -> dict:
+          kv_delay_s: float = 0.0, give_back_before: str = "kv", buffer_mib: float = 0.0) -> dict:
     """Sleep, wait, wake weights, wake KV, write the KV: seconds of each (and of each mapping call, with `timer`).
 
     With `cycle_gib` the neighbour takes that much after the sleep and gives it back just before the KV wake (the
@@ -191,6 +197,8 @@ def cycle(alloc, kv: list, settle_s: float, timer: CallTimer | None = None, leve
     if kv_delay_s:
         row["kv_delay_s"] = kv_delay_s
         time.sleep(kv_delay_s)
+    if buffer_mib:
+        row["neighbour_buffer_s"] = neighbour.take(buffer_mib / 1024) + neighbour.give_back()
     t3k = time.perf_counter()
     alloc.wake_up(["kv_cache"])
     torch.cuda.synchronize()
@@ -305,10 +313,12 @@ def probe(args: argparse.Namespace, out: Path, torch, cumem, CuMemAllocator, nei
               "chunks": args.chunks, "weights_gib": args.weights_gib, "weight_tensors": args.weight_tensors,
               "level": args.level, "neighbour_gib": args.neighbour_gib, "neighbour_cycle_gib": args.neighbour_cycle_gib,
               "release_before_kv_mib": args.release_before_kv_mib, "kv_delay_s": args.kv_delay_s,
-              "give_back_before": args.give_back_before, "argv": sys.argv,
+              "give_back_before": args.give_back_before, "neighbour_buffer_mib": args.neighbour_buffer_mib,
+              "argv": sys.argv,
               "free_after_alloc_gib": torch.cuda.mem_get_info()[0] / GIB, "raw": raw, "cycles": []}
     between = dict(neighbour=neighbour, cycle_gib=args.neighbour_cycle_gib, release_mib=args.release_before_kv_mib,
-                   kv_delay_s=args.kv_delay_s, give_back_before=args.give_back_before)
+                   kv_delay_s=args.kv_delay_s, give_back_before=args.give_back_before,
+                   buffer_mib=args.neighbour_buffer_mib)
     cycle(alloc, kv, 0.5, level=args.level, **between)  # warm: the first sleep pins the host backup
     timer = CallTimer(cumem)
     for r in range(args.repeats):

@@ -37,6 +37,12 @@ for name in ${RUNS:-06b_leftover 06b_trainer 4b_leftover 4b_trainer moe_leftover
     4b_vime) probe $name $W4B --neighbour-gib 7.4 --neighbour-cycle-gib 108 --give-back-before weights --kv-delay-s 0.44 --settles 0.5 --repeats 3 ;;
     moe_vime) probe $name --size 118.39 --chunks 4 --weights-gib 5.8 --weight-tensors 39 --level 2 --neighbour-gib 6.8 \
                 --neighbour-cycle-gib 65 --give-back-before weights --kv-delay-s 0.95 --settles 0.5 --repeats 3 ;;
+    small_vime_d05) probe $name --size 20 --chunks 28 --weights-gib 1.1 --weight-tensors 311 --level 2 --neighbour-gib 6 \
+                      --neighbour-cycle-gib 86 --give-back-before weights --kv-delay-s 0.5 --settles 0.5 --repeats 3 ;;
+    60_vime_d05) probe $name --size 60 --chunks 28 --weights-gib 1.1 --weight-tensors 311 --level 2 --neighbour-gib 6 \
+                   --neighbour-cycle-gib 86 --give-back-before weights --kv-delay-s 0.5 --settles 0.5 --repeats 3 ;;
+    06b_vime_buffer) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 86 --give-back-before weights --kv-delay-s 0.5 \
+                       --neighbour-buffer-mib 1024 --settles 0.5 --repeats 3 ;;
     *) echo "unknown run $name" >&2 ;;
   esac
 done
