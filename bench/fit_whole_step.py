@@ -872,7 +872,8 @@ def held_out(profile: dict, work: Path) -> list[str]:
         s = simulate(run, profile, work)
         for k in keys:
             m = measured(run, k)
-            lines.append(f"{run:42s} {k:34s} measured {m:8.3f}  simulated {s[k]:8.3f}  {100 * (s[k] - m) / m:+7.1f} %")
+            err = f"{100 * (s[k] - m) / m:+7.1f} %" if m else "  (none measured)" if not s[k] else "  (only simulated)"
+            lines.append(f"{run:42s} {k:34s} measured {m:8.3f}  simulated {s[k]:8.3f}  {err}")
     return lines
 
 

@@ -299,7 +299,10 @@ def test_train_time_by_hand_for_one_sequence():
     p = QWEN3_4B.params_per_rank(2)
     optimizer = p * 30 / (H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util)  # DP 1: no reduce
     backup = 2 * p / (H100.host_link_d2h_bytes_per_s * H100.efficiency.host_copy_util)
-    assert cl.env.now - t0 == pytest.approx(compute + tp_comm + optimizer + backup, rel=1e-9)
+    # resident (--no-offload-train): PyTorch's cache emptied after training, the largest activations unmapped
+    empty = cl.gpus[0].peak("actor", "activations") / GiB * H100.vmm.unmap_release_s_per_gib
+    assert empty > 0
+    assert cl.env.now - t0 == pytest.approx(compute + tp_comm + optimizer + backup + empty, rel=1e-9)
     assert metrics.extra["perf/train_time"] == pytest.approx(cl.env.now - t0, rel=1e-12)
 
 
@@ -738,3 +741,19 @@ def test_a_wake_that_maps_nothing_back_pays_the_check_but_not_the_released_memor
     _run(cl, tr.wake_up())
     assert cl.env.now - t0 == pytest.approx(state_check_seconds(tr), rel=1e-9)
     assert state_check_seconds(tr) > 0 and eff.released_wake_s_per_gib > 0
+
+
+def test_a_resident_trainer_empties_pytorchs_cache_after_training_and_an_offloaded_one_at_its_sleep():
+    """Activations' blocks stay cached (the tag at its largest micro-batch) until an empty_cache: the sleep's, or,
+    with --no-offload-train, the one vime's real trainer makes at the end of each train call; handed back then."""
+    held = {}
+    for resident in (False, True):
+        args = _seed_args(offload_train=not resident)
+        tr, cl = _trainer(args)
+        _run(cl, tr.init())
+        if not resident:
+            _run(cl, tr.wake_up())
+        _run(cl, tr.train(0, _batch(args)))
+        held[resident] = (sum(tr.allocator.tag_bytes("activations")), cl.gpus[0].not_ready("engine0", 0.01)[1])
+    assert held[False][0] > 0 and held[False][1] == 0  # cached until the sleep, nothing handed back yet
+    assert held[True][0] == 0 and held[True][1] > 0  # emptied after training, and handed back to the driver

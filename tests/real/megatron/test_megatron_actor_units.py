@@ -42,6 +42,9 @@ def test_actor_config_from_args_takes_the_slime_flag_names(tmp_path):
     assert (cfg.tensor_model_parallel_size, cfg.lr, cfg.eps_clip, cfg.eps_clip_high) == (2, 3e-4, 0.25, 0.28)
     assert cfg.use_distributed_optimizer == args.use_distributed_optimizer
     assert cfg.offload_backend == args.train_offload_backend
+    # whether the trainer sleeps decides who empties PyTorch's cache (the sleep, or the end of each train call)
+    assert cfg.offload_train == bool(args.offload_train)
+    assert ActorConfig.from_args(args.replace(offload_train=False), HF).offload_train is False
     if not torch.cuda.is_available():
         assert cfg.torch_dtype == torch.float32  # dtype auto: fp32 on CPU, bf16 on CUDA
     assert cfg.hf_checkpoint is None

@@ -100,6 +100,7 @@ class ActorConfig:
     # Offload (seed steps 37, 41): see make_offload_backend; always the accounted no-op on CPU.
     offload_backend: str = "auto"
     train_offload_plan: str = "all"  # the tags a sleep sends away (--train-offload-plan); the rest stay mapped
+    offload_train: bool = True  # False (--no-offload-train): resident, so each train call empties the cache itself
     torch_threads: int = 1
     collective_timeout_s: float = 600.0  # a rank that never joins a collective fails the call instead of hanging
 
@@ -350,6 +351,11 @@ class MegatronActor(WeightCalls):
             parts.log(self.rank, f"train ({sum(num_mb)} micro-batches, {len(num_mb)} steps)")
             t_backup = time.perf_counter()
             self.backup_weights()  # seed step 41: export reads this backup
+            if not self.cpu and not self.cfg.offload_train:
+                # No sleep will empty PyTorch's cache: hand the activations' blocks back now, or a colocated engine's
+                # KV cache, sized before training, cannot be mapped again beside them (the H200 run of 2026-12-04
+                # held 52 GiB through the rollout; slime's clear_memory does the same after training).
+                torch.cuda.empty_cache()
         t_end = time.perf_counter()
         elapsed = t_end - t0
         rows = max(sums["rows"], 1.0)

@@ -14,7 +14,8 @@ seed step (the bytes and seconds come from `ActorCostModel`):
 - step 40: per DP rank (concurrently), per micro-batch: activations allocated for the
   micro-batch, fwd + bwd time; then gradient reduce-scatter, the optimizer step (its temporaries
   allocated meanwhile) and the parameter all-gather over DP. Freed activations stay in PyTorch's
-  cache (the tag keeps its largest size) until the sleep empties it.
+  cache (the tag keeps its largest size) until the sleep empties it, or, on a resident trainer
+  (no ``offload_train``), the end of the train call.
 - step 41: the weight backup (device → host copy of each rank's params).
 - step 48 (`export_weights`): HF-named, TP-gathered tensors packed into buckets; each bucket is
   staged on every actor GPU (a packed buffer the colocated engine reads over CUDA IPC) with the
@@ -203,11 +204,21 @@ class SimTrainer(ActorCostModel):
                 t.cancel()
         self.cluster.recorder.span(self.name, label, t0, float(env.now), step=step)
 
+    async def _empty_cache(self) -> None:
+        """PyTorch's empty_cache on a resident trainer: the cached activations' blocks unmapped and handed back."""
+        cached = max(self.allocator.device_bytes_per_gpu("activations"), default=0)
+        if cached:
+            self.allocator.release("activations")
+            for gpu in self.gpus:
+                gpu.hand_back(self.name)
+            if self.hw.sleep_mode:
+                await elapse(self.cluster.env, cached / GiB * self.hw.vmm.unmap_release_s_per_gib)
+
     def _cache_at_least(self, positions: list[int], nbytes: int) -> None:
         """A micro-batch's activations (or the optimizer step's temporaries) on these GPUs: PyTorch's caching
-        allocator reuses the blocks earlier ones freed and keeps them until the sleep's empty_cache, so the tag only
-        grows, to the largest so far (a resident trainer holds it through the rollout: the 2026-12-04 H200 run with
-        --no-offload-train held 52 GiB from its first train step on)."""
+        allocator reuses the blocks earlier ones freed and keeps them until an empty_cache, so the tag only grows,
+        to the largest so far (the 2026-12-04 H200 run with --no-offload-train, before its trainer emptied the cache
+        after training, held 52 GiB through the rollout)."""
         held = self.allocator.device_bytes_per_gpu("activations")
         grow = {p: nbytes - held[p] for p in positions if nbytes > held[p]}
         if grow:
@@ -265,6 +276,8 @@ class SimTrainer(ActorCostModel):
                 gpu.alloc(self.name, TAG_STEP_RESIDUE, self.hw.software.train_step_residue_bytes)
         t_backup = float(env.now)
         await elapse(env, self._backup_seconds())  # seed step 41: weights_backuper.backup("actor")
+        if not self.offload_train:
+            await self._empty_cache()  # resident: no sleep will (vime.real.megatron.actor's train does it)
         timings["weight_backup_time"] = float(env.now) - t_backup
         timings["train_time"] = float(env.now) - t_start
         self.train_calls += 1
