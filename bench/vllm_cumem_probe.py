@@ -91,10 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "the background while nothing maps?")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.neighbour_buffer_mib and not args.neighbour_gib:
-        ap.error("--neighbour-buffer-mib needs --neighbour-gib (the neighbour that takes and gives back the buffer)")
-    if args.neighbour_cycle_gib and not args.neighbour_gib:
-        ap.error("--neighbour-cycle-gib needs --neighbour-gib (the neighbour that takes and gives back the memory)")
+    for flag in ("--neighbour-cycle-gib", "--neighbour-buffer-mib"):
+        if getattr(args, flag[2:].replace("-", "_")) and not args.neighbour_gib:
+            ap.error(f"{flag} needs --neighbour-gib (the neighbour that takes and gives back the memory)")
     return args
 
 
