@@ -83,3 +83,27 @@ def test_report_package_does_not_import_the_simulator():
             "print(sorted(m for m in sys.modules if m.startswith('vime.sim')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_gpus_alike_by_totals_even_when_their_allocations_come_in_another_order():
+    """memory_groups: two ranks whose PyTorch caches grow at different micro-batches (so their allocations differ in
+    number and order) but whose totals stay within ALIKE_SHARE of the GPU are one 'alike' group that says the order
+    differs; a third far fuller GPU is a group of its own."""
+    from vime.report.view import ALIKE_SHARE, memory_groups
+
+    G = 1 << 30
+    rec = Recorder()
+    for gpu in (0, 1, 2):
+        rec.on_memory(gpu, "actor", "params", 4 * G, t=0.0)
+    rec.on_memory(0, "actor", "activations", 3 * G, t=1.0)  # rank 0: its largest micro-batch first
+    rec.on_memory(1, "actor", "activations", 1 * G, t=1.0)  # rank 1: grows twice
+    rec.on_memory(1, "actor", "activations", 2 * G, t=2.0)
+    rec.on_memory(1, "actor", "activations", 3 * G, t=3.0)
+    rec.on_memory(2, "actor", "activations", 60 * G, t=1.0)
+    for gpu in (0, 1, 2):
+        rec.on_memory(gpu, "actor", "activations", 0, t=4.0)
+    _, groups = memory_groups(rec, {0: 80 * G, 1: 80 * G, 2: 80 * G}, 0.0)
+    assert [g["gpus"] for g in groups] == [[0, 1], [2]]
+    alike = groups[0]
+    assert alike["kind"] == "alike" and alike["same_order"] is False and alike["shift_s"] == 0.0
+    assert alike["differ_gib"] == {"trainer/activations": 2.0} and alike["alike_share"] == ALIKE_SHARE

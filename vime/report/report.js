@@ -466,7 +466,8 @@
       if (group.kind === "identical") notes.push("the same memory over time on each GPU");
       if (group.kind === "alike") {
         var d = Object.keys(group.differ_gib).slice(0, 2).map(function (k) { return (legendMap[k] || {label: k}).label + " by up to " + fmtG(group.differ_gib[k]); });
-        notes.push("the same allocations in the same order" + (group.shift_s > 0 ? " (moments up to " + fmtS(group.shift_s) + " apart)" : "") +
+        notes.push((group.same_order === false ? "the same tags, totals within " + Math.round(100 * group.alike_share) + " % of the GPU at every moment"
+          : "the same allocations in the same order" + (group.shift_s > 0 ? " (moments up to " + fmtS(group.shift_s) + " apart)" : "")) +
           (d.length ? "; sizes differ: " + d.join(", ") : "") + "; drawn: GPU " + group.shown_gpu + ", the fullest");
       }
       var on = ownerNote(group);

@@ -234,23 +234,43 @@ def _downsample(times: list[float], states: list[dict[str, int]], limit: int) ->
     return [times[k] for k in keep], [states[k] for k in keep]
 
 
-#: GPUs whose allocations follow the same sequence (the same tags change in the same order, at moments
-#: within `ALIKE_SHIFT` of the run's length) and whose totals stay within `ALIKE_SHARE` of capacity are
-#: drawn as one chart ("alike"), the difference stated; identical ones always are.
+#: GPUs that hold the same tags and whose totals stay within `ALIKE_SHARE` of capacity at every moment are drawn as one
+#: chart ("alike"), the difference stated; identical ones always are. Their allocations may come in a different order
+#: (a rank's PyTorch cache grows at its own largest micro-batch); where they come in the same order at moments within
+#: `ALIKE_SHIFT` of the run's length, the chart says so.
 ALIKE_SHARE = 0.15
 ALIKE_SHIFT = 0.02
 
+Series = tuple[list[float], list[dict[str, int]]]
 
-def _alike(a: tuple[list[float], list[dict[str, int]]], b: tuple[list[float], list[dict[str, int]]],
-           capacity: int | None) -> bool:
+
+def _merged(a: Series, b: Series) -> list[tuple[dict[str, int], dict[str, int]]]:
+    """Both GPUs' states at every moment either changes (a state holds until its GPU's next sample)."""
+    (ta, sa), (tb, sb) = a, b
+    out, i, j, cur_a, cur_b = [], 0, 0, {}, {}
+    while i < len(ta) or j < len(tb):
+        t = min(ta[i] if i < len(ta) else math.inf, tb[j] if j < len(tb) else math.inf)
+        while i < len(ta) and ta[i] == t:
+            cur_a, i = sa[i], i + 1
+        while j < len(tb) and tb[j] == t:
+            cur_b, j = sb[j], j + 1
+        out.append((cur_a, cur_b))
+    return out
+
+
+def _same_order(a: Series, b: Series) -> bool:
     (ta, sa), (tb, sb) = a, b
     if len(ta) != len(tb) or any(x.keys() != y.keys() for x, y in zip(sa, sb, strict=True)):
         return False
     span = max(ta[-1] - ta[0], tb[-1] - tb[0]) if ta else 0.0
-    if any(abs(x - y) > ALIKE_SHIFT * span for x, y in zip(ta, tb, strict=True)):
+    return all(abs(x - y) <= ALIKE_SHIFT * span for x, y in zip(ta, tb, strict=True))
+
+
+def _alike(a: Series, b: Series, capacity: int | None) -> bool:
+    if {k for s in a[1] for k in s} != {k for s in b[1] for k in s}:
         return False
-    worst = max((abs(sum(x.values()) - sum(y.values())) for x, y in zip(sa, sb, strict=True)), default=0)
-    return worst <= ALIKE_SHARE * (capacity or max((sum(x.values()) for x in sa), default=0))
+    worst = max((abs(sum(x.values()) - sum(y.values())) for x, y in _merged(a, b)), default=0)
+    return worst <= ALIKE_SHARE * (capacity or max((sum(x.values()) for x in a[1]), default=0))
 
 
 def memory_groups(recorder: Recorder, capacity: dict[int, int], origin: float, *,
@@ -297,14 +317,18 @@ def memory_groups(recorder: Recorder, capacity: dict[int, int], origin: float, *
                              "series": {k: [_r(s.get(k, 0) / GiB, 4) for s in states] for k in vkeys}})
         diff: dict[str, float] = {}
         shift = 0.0
+        same_order = True
         if len(cl) > 1:
-            ref_t, ref_states = data[cl[order[0]][0]]
+            ref = data[cl[order[0]][0]]
             for v in cl:
-                vt, vs = data[v[0]]
-                shift = max([shift] + [abs(x - y) for x, y in zip(ref_t, vt, strict=True)])
-                for x, y in zip(ref_states, vs, strict=True):
+                if _same_order(ref, data[v[0]]):
+                    shift = max([shift] + [abs(x - y) for x, y in zip(ref[0], data[v[0]][0], strict=True)])
+                else:
+                    same_order = False
+                for x, y in _merged(ref, data[v[0]]):
                     for k in set(x) | set(y):
                         diff[k] = max(diff.get(k, 0.0), abs(x.get(k, 0) - y.get(k, 0)) / GiB)
+            shift = shift if same_order else 0.0
         cap = capacity.get(gpus[0])
         host = gpus == [HOST]
         many = len(gpus) > 1
@@ -322,7 +346,7 @@ def memory_groups(recorder: Recorder, capacity: dict[int, int], origin: float, *
             "t": variants[0]["t"], "series": variants[0]["series"], "shown_gpu": variants[0]["gpus"][0],
             "variants": variants,
             "differ_gib": {k: _r(v, 3) for k, v in sorted(diff.items(), key=lambda kv: -kv[1]) if v >= 1 / 1024},
-            "shift_s": _r(shift),
+            "shift_s": _r(shift), "same_order": same_order, "alike_share": ALIKE_SHARE,
             "members": [{"gpu": g, "variant": next(i for i, v in enumerate(variants) if g in v["gpus"]),
                          "owners": dict(sorted(owners[g].items()))} for g in gpus],
         })
