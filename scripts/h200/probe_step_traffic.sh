@@ -43,6 +43,8 @@ for name in ${RUNS:-06b_leftover 06b_trainer 4b_leftover 4b_trainer moe_leftover
                    --neighbour-cycle-gib 86 --give-back-before weights --kv-delay-s 0.5 --settles 0.5 --repeats 3 ;;
     06b_vime_buffer) probe $name $W06 --neighbour-gib 6 --neighbour-cycle-gib 86 --give-back-before weights --kv-delay-s 0.5 \
                        --neighbour-buffer-mib 1024 --settles 0.5 --repeats 3 ;;
+    moe_x8|moe_x16|moe_x36) probe $name --size 118.39 --chunks ${name#moe_x} --weights-gib 5.8 --weight-tensors 39 --level 2 \
+                              --neighbour-gib 6.8 --settles 0.5 --repeats 3 ;;
     *) echo "unknown run $name" >&2 ;;
   esac
 done
