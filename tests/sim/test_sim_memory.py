@@ -16,7 +16,6 @@ from vime.protocols import ENGINE_TAGS, TAG_CUDA_GRAPH, TAG_KV_CACHE, TAG_RUNTIM
 from vime.report.recorder import HOST, Recorder
 from vime.sim import clock
 from vime.sim.hardware import load_hardware
-from vime.sim.memory.allocator import elapse
 from vime.sim.memory import (
     GiB,
     HostOutOfMemoryError,
@@ -25,6 +24,7 @@ from vime.sim.memory import (
     SimGPU,
     SimHost,
 )
+from vime.sim.memory.allocator import elapse
 
 H100 = load_hardware("H100-SXM-80G")
 

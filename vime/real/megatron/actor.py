@@ -39,6 +39,7 @@ from vime.real.megatron.build import build_model, init_communicators, join_proce
 from vime.real.megatron.loss import TokenScorer, policy_loss, response_slice
 from vime.real.megatron.offload import (
     changed_tensors,
+    empty_resident_cache,
     fingerprint,
     kept_tensors,
     make_offload_backend,
@@ -351,11 +352,7 @@ class MegatronActor(WeightCalls):
             parts.log(self.rank, f"train ({sum(num_mb)} micro-batches, {len(num_mb)} steps)")
             t_backup = time.perf_counter()
             self.backup_weights()  # seed step 41: export reads this backup
-            if not self.cpu and not self.cfg.offload_train:
-                # No sleep will empty PyTorch's cache: hand the activations' blocks back now, or a colocated engine's
-                # KV cache, sized before training, cannot be mapped again beside them (the H200 run of 2026-12-04
-                # held 52 GiB through the rollout; slime's clear_memory does the same after training).
-                torch.cuda.empty_cache()
+            empty_resident_cache(self.cfg.offload_train, self.cpu)
         t_end = time.perf_counter()
         elapsed = t_end - t0
         rows = max(sums["rows"], 1.0)
@@ -394,8 +391,7 @@ class MegatronActor(WeightCalls):
             parts.mark("empty_cache")
             self._asleep_memory = gpu_memory.after_sleep(self.rank, self.offload)
             parts.mark("memory")
-        self._last_offloaded = nbytes
-        self.asleep = True
+        self._last_offloaded, self.asleep = nbytes, True
         return {"offloaded_bytes": nbytes, "backend": self.offload.name, "parts_s": parts.log(self.rank, "sleep")}
 
     def offload_info(self) -> dict[str, Any]:

@@ -234,3 +234,11 @@ def changed_tensors(tensors: Sequence[tuple[str, torch.Tensor]], before: torch.T
     after = fingerprint(tensors)
     return [n for (n, _), a, b in zip(tensors, after.tolist(), before.tolist(), strict=True)
             if not (a == b or (a != a and b != b))]
+
+
+def empty_resident_cache(offload_train: bool, cpu: bool) -> None:
+    """After a train call of a trainer that stays resident (--no-offload-train): no sleep will empty PyTorch's cache,
+    so hand the activations' blocks back now, or a colocated engine's KV cache, sized before training, cannot be mapped
+    again beside them (the H200 run of 2026-12-04 held 52 GiB through the rollout; slime's clear_memory does the same)."""
+    if not cpu and not offload_train:
+        torch.cuda.empty_cache()

@@ -43,7 +43,7 @@ from vime.sim.trainer.footprint import (
     TAG_WEIGHT_BUFFER,
     trainer_context_bytes,
 )
-from vime.sim.trainer.sleep_extras import SleepWakeExtras
+from vime.sim.trainer.sleep_extras import SleepWakeExtras, cache_at_least, empty_cache
 from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class SimTrainer(ActorCostModel):
                     nbytes = self.activation_bytes(tokens, lengths) * inflight + self.loss_transient_bytes(tokens)
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
-                self._cache_at_least(positions, nbytes)
+                cache_at_least(self.allocator, positions, nbytes)
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
                 busy += fwd + bwd
@@ -203,26 +203,6 @@ class SimTrainer(ActorCostModel):
             for t in tasks:
                 t.cancel()
         self.cluster.recorder.span(self.name, label, t0, float(env.now), step=step)
-
-    async def _empty_cache(self) -> None:
-        """PyTorch's empty_cache on a resident trainer: the cached activations' blocks unmapped and handed back."""
-        cached = max(self.allocator.device_bytes_per_gpu("activations"), default=0)
-        if cached:
-            self.allocator.release("activations")
-            for gpu in self.gpus:
-                gpu.hand_back(self.name)
-            if self.hw.sleep_mode:
-                await elapse(self.cluster.env, cached / GiB * self.hw.vmm.unmap_release_s_per_gib)
-
-    def _cache_at_least(self, positions: list[int], nbytes: int) -> None:
-        """A micro-batch's activations (or the optimizer step's temporaries) on these GPUs: PyTorch's caching
-        allocator reuses the blocks earlier ones freed and keeps them until an empty_cache, so the tag only grows,
-        to the largest so far (the 2026-12-04 H200 run with --no-offload-train, before its trainer emptied the cache
-        after training, held 52 GiB through the rollout)."""
-        held = self.allocator.device_bytes_per_gpu("activations")
-        grow = {p: nbytes - held[p] for p in positions if nbytes > held[p]}
-        if grow:
-            self.allocator.allocate("activations", grow)
 
     def needs_ref_log_probs(self) -> bool:
         """A KL term (loss or reward penalty) needs the reference model's log-probs."""
@@ -264,7 +244,7 @@ class SimTrainer(ActorCostModel):
             await self._run_microbatches(batch, step, backward=True, label=f"train_step{step}")
             t_opt = float(env.now)
             for i, n in enumerate(self.optimizer_transient_per_gpu()):
-                self._cache_at_least([i], n)
+                cache_at_least(self.allocator, [i], n)
             await elapse(env, self._optimizer_seconds())
             self.cluster.recorder.span(self.name, "optimizer_step", t_opt, float(env.now), step=step)
         timings["actor_train_time"] = float(env.now) - t_train
@@ -277,7 +257,7 @@ class SimTrainer(ActorCostModel):
         t_backup = float(env.now)
         await elapse(env, self._backup_seconds())  # seed step 41: weights_backuper.backup("actor")
         if not self.offload_train:
-            await self._empty_cache()  # resident: no sleep will (vime.real.megatron.actor's train does it)
+            await empty_cache(self.allocator, self.gpus, self.hw)  # resident: no sleep will (as vime's real trainer)
         timings["weight_backup_time"] = float(env.now) - t_backup
         timings["train_time"] = float(env.now) - t_start
         self.train_calls += 1

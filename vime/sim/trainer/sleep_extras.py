@@ -9,6 +9,7 @@ from vime.sim.trainer.footprint import OPTIMIZER_BYTES, PARAM_BYTES
 from vime.tags import offload_plan_sets
 
 if TYPE_CHECKING:
+    from vime.sim.hardware import HardwareSpec
     from vime.sim.memory import SimAllocator
     from vime.sim.memory.pools import SimGPU
     from vime.sim.models import ModelSpec
@@ -104,3 +105,25 @@ class SleepWakeExtras:
         released = min(max(freed, default=0) / GiB * eff.released_wake_s_per_gib, eff.released_wake_max_s)
         await allocator.wake_up(None)
         await elapse(allocator.env, (released if self._remaps else 0.0) + state_check_seconds(self.cost))
+
+
+def cache_at_least(allocator: SimAllocator, positions: list[int], nbytes: int) -> None:
+    """A micro-batch's activations (or the optimizer step's temporaries) on these GPUs: PyTorch's caching allocator
+    reuses the blocks earlier ones freed and keeps them until an empty_cache, so the tag only grows, to the largest so
+    far (the 2026-12-04 H200 run with --no-offload-train, before its trainer emptied the cache after training, held
+    52 GiB through the rollout)."""
+    held = allocator.device_bytes_per_gpu("activations")
+    grow = {p: nbytes - held[p] for p in positions if nbytes > held[p]}
+    if grow:
+        allocator.allocate("activations", grow)
+
+
+async def empty_cache(allocator: SimAllocator, gpus: list[SimGPU], hw: HardwareSpec) -> None:
+    """PyTorch's empty_cache on a resident trainer: the cached activations' blocks unmapped and handed back."""
+    cached = max(allocator.device_bytes_per_gpu("activations"), default=0)
+    if cached:
+        allocator.release("activations")
+        for gpu in gpus:
+            gpu.hand_back(allocator.owner)
+        if hw.sleep_mode:
+            await elapse(allocator.env, cached / GiB * hw.vmm.unmap_release_s_per_gib)
