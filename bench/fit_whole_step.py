@@ -481,6 +481,10 @@ RUN_SPECS = {
     # the fourteenth lease, predicted (predicted_2026-12-04s19_next_06b_nooffload) before it ran: the trainer resident
     "qwen3-0.6b-cumem-1g-mbs4-nooffload-util030_2026-12-04s19": ("qwen3-0.6b", "cumem", {
         "MBS": "4", "EXTRA_ARGS": "--no-offload-train --gpu-memory-utilization 0.3"}),
+    # the fifteenth lease, predicted (predicted_2026-12-04s19_next_06b_nooffload_emptied) before it ran: the resident
+    # trainer now empties its cache after training; nothing fitted on it
+    "qwen3-0.6b-cumem-1g-mbs4-nooffload-emptied-util030_2026-12-04s20": ("qwen3-0.6b", "cumem", {
+        "MBS": "4", "EXTRA_ARGS": "--no-offload-train --gpu-memory-utilization 0.3"}),
 }
 
 
