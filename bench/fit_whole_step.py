@@ -485,6 +485,12 @@ RUN_SPECS = {
     # trainer now empties its cache after training; nothing fitted on it
     "qwen3-0.6b-cumem-1g-mbs4-nooffload-emptied-util030_2026-12-04s20": ("qwen3-0.6b", "cumem", {
         "MBS": "4", "EXTRA_ARGS": "--no-offload-train --gpu-memory-utilization 0.3"}),
+    # the same lease, a second machine, predicted (predicted_2026-12-04s20_next_*) before they ran: responses of 2048
+    # tokens, the 4B's resident trainer; nothing fitted on them
+    "qwen3-0.6b-cumem-1g-mbs4-r2048_2026-12-04s20": ("qwen3-0.6b", "cumem", {
+        "MBS": "4", "RESPONSE_LEN": "2048", "NUM_ROLLOUT": "2"}),
+    "qwen3-4b-cumem-1g-mbs2-nooffload-emptied-util040_2026-12-04s20": ("qwen3-4b", "cumem", {
+        "MBS": "2", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--no-offload-train --gpu-memory-utilization 0.4"}),
 }
 
 

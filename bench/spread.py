@@ -121,7 +121,9 @@ E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memor
             "qwen3-4b-cumem-1g-mbs2-util070_2026-12-04s18": "Qwen3-4B",
             "qwen3-0.6b-cumem-1g-mbs4-nooffload-util030_2026-12-04s19": "Qwen3-0.6B",
             # the fifteenth lease: the resident trainer emptying its cache after training
-            "qwen3-0.6b-cumem-1g-mbs4-nooffload-emptied-util030_2026-12-04s20": "Qwen3-0.6B"}
+            "qwen3-0.6b-cumem-1g-mbs4-nooffload-emptied-util030_2026-12-04s20": "Qwen3-0.6B",
+            "qwen3-0.6b-cumem-1g-mbs4-r2048_2026-12-04s20": "Qwen3-0.6B",
+            "qwen3-4b-cumem-1g-mbs2-nooffload-emptied-util040_2026-12-04s20": "Qwen3-4B"}
 #: Phases of a run its trainer no longer measures the same way: the runs before the second lease of 2026-12-02
 #: split the fused QKV weights on the host (0.75 s of a 4B export), which the trainer no longer does.
 #: The MoE run of that lease is in none of the bands: its trainer runs the 128 experts one by one (Megatron's
