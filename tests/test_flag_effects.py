@@ -176,6 +176,7 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "gpu_memory_utilization": Effect(("--gpu-memory-utilization", "0.5"), P.server),
     "max_num_seqs": Effect(("--max-num-seqs", "64"), P.server),
     "max_num_batched_tokens": Effect(("--max-num-batched-tokens", "4096"), P.server),
+    "enforce_eager": Effect(("--enforce-eager",), P.server),
     "update_weight_buffer_size": Effect(("--update-weight-buffer-size", "256MiB"), P.calls),
     "update_weight_mode": Effect(("--update-weight-mode", "disk"), P.weights_path),
     "update_weight_dir": Effect(("--update-weight-dir", "{dir}/weights"), P.weights_path,

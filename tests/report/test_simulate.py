@@ -220,6 +220,25 @@ def test_offload_backend_choice_shows_in_the_train_phase():
     assert times["torch_memory_saver"].t_rollout == pytest.approx(times["cumem"].t_rollout)
 
 
+def test_enforce_eager_slows_the_engines_steps_and_frees_the_graph_memory():
+    """--enforce-eager: vLLM captures no CUDA graphs, so every iteration launches its kernels (the profile's
+    eager_iteration_s) and the graph pool's bytes go to the KV cache instead."""
+    from vime.protocols import TAG_CUDA_GRAPH, TAG_KV_CACHE
+
+    runs = {}
+    for words in ([], ["--enforce-eager"]):
+        sim = simulate(parse_args(["--num-rollout", "1", "--model", "Qwen3-0.6B", *words], command="simulate"))
+        peaks = {tag: b.bytes for (gpu, owner, tag), b in sim.backends.recorder.tag_peaks.items()
+                 if gpu == 0 and owner == "engine0"}
+        runs[bool(words)] = (sim.steps[0], peaks)
+    (graphs, with_graphs), (eager, without) = runs[False], runs[True]
+    assert eager.t_rollout > graphs.t_rollout
+    assert eager.t_train == pytest.approx(graphs.t_train)
+    assert with_graphs[TAG_CUDA_GRAPH] > 0 and without.get(TAG_CUDA_GRAPH, 0) == 0
+    # whole KV blocks: the pool grows by the graphs' bytes less what does not fill a block
+    assert without[TAG_KV_CACHE] == pytest.approx(with_graphs[TAG_KV_CACHE] + with_graphs[TAG_CUDA_GRAPH], abs=2 << 20)
+
+
 def test_colocated_trainer_may_stay_resident_and_the_memory_check_decides():
     """--colocate --no-offload-train: no trainer offload/onload per step; the engines still sleep around training.
 

@@ -247,6 +247,8 @@ class EngineConfig:
     max_num_seqs: int = opt(256, "max running sequences per engine", type=int)
     max_num_batched_tokens: int = opt(8192, "token budget per engine iteration (chunked prefill)",
                                       type=int)
+    enforce_eager: bool = opt(False, "vLLM without CUDA graphs (vLLM's --enforce-eager): every engine iteration "
+                                     "launches its kernels one by one, and no graph memory is held (more KV cache)")
     #: what ``--vllm-<server-flag> [VALUE]`` words reach `vllm serve` (vime.config.passthrough); not a flag itself
     vllm_extra_args: tuple[str, ...] = opt((), "vLLM server flags passed through", commands=())
     enable_expert_parallel: bool = opt(False, "vLLM expert parallelism: each engine places whole experts on its "

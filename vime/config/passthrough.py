@@ -32,6 +32,7 @@ RESERVED: dict[str, str] = {
     "--gpu-memory-utilization": "--gpu-memory-utilization",
     "--max-num-seqs": "--max-num-seqs",
     "--max-num-batched-tokens": "--max-num-batched-tokens",
+    "--enforce-eager": "--enforce-eager (the simulator models it too)",
     "--seed": "--seed",
     "--enable-sleep-mode": "--offload-rollout (on with --colocate)",
     "--weight-transfer-config": "--update-weight-mode",

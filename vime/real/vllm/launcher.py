@@ -188,6 +188,7 @@ def engine_specs(args: Any, *, device: Device = "cuda", host: str = "127.0.0.1",
         max_num_seqs=getattr(args, "max_num_seqs", None),
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
         enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
+        enforce_eager=bool(getattr(args, "enforce_eager", False)),
         seed=getattr(args, "seed", None),
         extra_args=tuple(getattr(args, "vllm_extra_args", ()) or ()),  # --vllm-<flag> (vime.config.passthrough)
     )

@@ -164,4 +164,6 @@ class EngineSettings:
             expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
         )
         values.update(overrides)
+        if getattr(args, "enforce_eager", False):  # no graphs captured: every iteration eager, no graph pool
+            values.update(cuda_graph_max_tokens=0, cuda_graph_bytes=0)
         return cls(**values)
