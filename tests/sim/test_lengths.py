@@ -56,6 +56,25 @@ def test_lognormal_median_and_default_spec() -> None:
     assert d.mean(cap=1024) < d.mean() and d.mean(cap=1024) < 1024
 
 
+def test_lognormal_clip_share_runs_to_the_cap_and_the_rest_keeps_its_shape() -> None:
+    """lognormal:MU,SIGMA,CLIP: a CLIP share of responses is cut at the cap (finish "length"), the others are the
+    lognormal's body (its median unchanged), so a run's truncation ratio and mean can both be matched."""
+    mu, sigma = math.log(400), 0.5
+    sampler = LengthSampler(f"lognormal:{mu},{sigma},0.05", seed=7)
+    draws = [sampler.response(f"k{i}", 8192) for i in range(4000)]
+    cut = [d for d in draws if d.finish_reason == "length"]
+    assert len(cut) / len(draws) == pytest.approx(0.05, abs=0.012)
+    assert all(d.length == 8192 for d in cut)
+    body = [d.length for d in draws if d.finish_reason == "stop"]
+    assert statistics.median(body) == pytest.approx(400, rel=0.05)
+    clipped, plain = make_distribution(f"lognormal:{mu},{sigma},0.05"), make_distribution(f"lognormal:{mu},{sigma}")
+    assert clipped.mean(cap=8192) == pytest.approx(0.05 * 8192 + 0.95 * plain.mean(cap=8192), rel=0.02)
+    assert str(parse_length_spec("lognormal:6,0.5,0.05")) == "lognormal:6,0.5,0.05"
+    for bad in ("lognormal:6,0.5,1", "lognormal:6,0.5,-0.1", "lognormal:6,0.5,nan", "lognormal:6,0.5,0.1,2"):
+        with pytest.raises(ConfigError, match="--response-length"):
+            parse_length_spec(bad)
+
+
 def test_accepts_config_length_spec_objects() -> None:
     spec = parse_length_spec("uniform:5,7", cap=7)
     s = LengthSampler(spec, spec, seed=0)

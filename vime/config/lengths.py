@@ -9,7 +9,7 @@ from typing import Any, Literal
 from vime.errors import ConfigError
 
 LengthKind = Literal["fixed", "uniform", "lognormal", "trace"]
-_SPEC_GRAMMAR = "fixed:N | uniform:A,B | lognormal:MU,SIGMA | trace:FILE.jsonl"
+_SPEC_GRAMMAR = "fixed:N | uniform:A,B | lognormal:MU,SIGMA[,CLIP] | trace:FILE.jsonl"
 
 #: Default response-length model: lognormal with median 40 % of --rollout-max-response-len and
 #: sigma 0.6, clipped at the maximum. For the seed (max 1024) the median is ~410 tokens, the mean
@@ -28,7 +28,8 @@ class LengthSpec:
 
     ``fixed``: always N (N ≥ 1). ``uniform``: integers A..B inclusive (1 ≤ A ≤ B).
     ``lognormal``: exp(Normal(MU, SIGMA)) with SIGMA > 0 (MU in log-tokens, so the median is
-    exp(MU)). ``trace``: lengths read from a JSONL file by the simulator. Every draw is capped
+    exp(MU)); an optional CLIP in [0, 1) is the share of responses that run to the cap whatever the body
+    (the truncated share a dashboard shows as clip ratio). ``trace``: lengths read from a JSONL file by the simulator. Every draw is capped
     at ``cap`` (the matching --rollout-max-*-len) by whoever samples it.
     """
 
@@ -41,7 +42,8 @@ class LengthSpec:
         if self.kind == "trace":
             return f"trace:{self.path}"
         if self.kind == "lognormal":
-            return f"lognormal:{self.params[0]:.6g},{self.params[1]:.6g}"
+            clip = f",{self.params[2]:.6g}" if len(self.params) > 2 else ""
+            return f"lognormal:{self.params[0]:.6g},{self.params[1]:.6g}{clip}"
         return f"{self.kind}:" + ",".join(str(int(p)) for p in self.params)
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,15 +79,17 @@ def parse_length_spec(text: str, *, flag: str = "--response-length", cap: int | 
             raise bad("need 1 ≤ A ≤ B")
         return LengthSpec("uniform", (a, b), None, cap)
     if kind == "lognormal":
-        if len(parts) != 2:
-            raise bad("lognormal takes two numbers MU,SIGMA")
+        if len(parts) not in (2, 3):
+            raise bad("lognormal takes MU,SIGMA and an optional CLIP")
         try:
-            mu, sigma = float(parts[0]), float(parts[1])
+            values = tuple(float(x) for x in parts)
         except ValueError:
-            raise bad("MU and SIGMA must be numbers") from None
-        if not (math.isfinite(mu) and math.isfinite(sigma)) or sigma <= 0:
+            raise bad("MU, SIGMA and CLIP must be numbers") from None
+        if not all(math.isfinite(x) for x in values) or values[1] <= 0:
             raise bad("MU must be finite and SIGMA > 0")
-        return LengthSpec("lognormal", (mu, sigma), None, cap)
+        if len(values) == 3 and not 0 <= values[2] < 1:
+            raise bad("CLIP is the share of responses cut at the cap: 0 ≤ CLIP < 1")
+        return LengthSpec("lognormal", values, None, cap)
     raise bad(f"unknown kind {kind!r}")
 
 

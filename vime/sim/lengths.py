@@ -71,7 +71,7 @@ class LengthDistribution:
     """A distribution of positive token lengths; `draw(u)` maps a uniform number to a length ≥ 1.
 
     ``fixed`` (n), ``uniform`` (a, b inclusive), ``lognormal`` (mu, sigma in log-tokens: median
-    exp(mu)), ``trace`` (an empirical list read from a JSONL file, drawn with replacement).
+    exp(mu); an optional clip share drawn past any cap), ``trace`` (an empirical list read from a JSONL file, drawn with replacement).
     """
 
     kind: Kind
@@ -87,8 +87,9 @@ class LengthDistribution:
             raise ConfigError(f"fixed length needs one N ≥ 1, got {p}")
         if k == "uniform" and (len(p) != 2 or not 1 <= p[0] <= p[1]):
             raise ConfigError(f"uniform length needs 1 ≤ A ≤ B, got {p}")
-        if k == "lognormal" and (len(p) != 2 or not p[1] > 0 or not math.isfinite(p[0])):
-            raise ConfigError(f"lognormal length needs finite MU and SIGMA > 0, got {p}")
+        if k == "lognormal" and (len(p) not in (2, 3) or not p[1] > 0 or not math.isfinite(p[0])
+                                 or (len(p) == 3 and not 0 <= p[2] < 1)):
+            raise ConfigError(f"lognormal length needs finite MU, SIGMA > 0 and an optional 0 ≤ CLIP < 1, got {p}")
         if k == "trace" and not self.values:
             raise ConfigError("trace length distribution needs at least one value")
 
@@ -101,7 +102,10 @@ class LengthDistribution:
             a, b = int(p[0]), int(p[1])
             return min(b, a + int(u * (b - a + 1)))
         if k == "lognormal":
-            x = math.exp(p[0] + p[1] * _NORMAL.inv_cdf(u))
+            clip = p[2] if len(p) > 2 else 0.0
+            if u >= 1.0 - clip:  # the clipped share: runs until the cap cuts it
+                return 1 << 40
+            x = math.exp(p[0] + p[1] * _NORMAL.inv_cdf(u / (1.0 - clip)))
             return max(1, min(int(round(x)), 1 << 40))
         return self.values[min(len(self.values) - 1, int(u * len(self.values)))]
 
