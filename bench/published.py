@@ -4,9 +4,17 @@
     python bench/published.py compare [--json]   # measured vs predicted per reported metric
     python bench/published.py predict --after NAME [IDS]   # after a model fix: predicted.NAME.json
     python bench/published.py compare --after NAME         # the pre-registered and the later prediction
+    python bench/published.py implied [IDS]  # where the mean response is not stated: the mean each figure implies
 
 A later prediction (`--after`) is made with the figures known: the references whose figures the fix
 was derived from count as fitted from then on, the others stay held out; `compare --after` prints both.
+It also applies `REVISIONS`: inputs a plan got wrong or could not express when it was written, each
+with its reason, none taken from a reference's figures.
+
+`implied`: where a source does not state the mean response (the DAPO-Math rows), no prediction of a
+phase's time can be tested; what can be is whether the model is consistent. For each reported figure
+it finds the mean response at which the simulation gives that figure (the response distribution's
+shape kept); a model right about the step finds one mean for every phase of a reference.
 
 Pre-registration: `PLANS` below turns each reference's `reference.json` (configuration only) into
 `vime simulate` flags and says which simulated quantity stands for each metric the source reports.
@@ -89,6 +97,22 @@ def _nemo_moe(mean_seq: float, *, prompts: int, max_len: int, gbs: int) -> list[
 
 
 NEMO_MAP = {"Total Step time(s)": ["t_step"], "Tokens / sec / GPU": ["tokens_per_s_per_gpu"]}
+#: Inputs revised after the pre-registration, applied by `predict --after` (appended to the plan's words):
+#: what changed and why. None is read off a reference's figures.
+_DAPO_PROMPT = (("--prompt-length", "uniform:100,300"),
+                "the plan gave no prompt length, so the default drew uniform lengths up to --rollout-max-prompt-len "
+                "(2048: mean ~1150 tokens); DAPO-Math-17k's prompts are one competition problem in a short instruction "
+                "template: 100-300 tokens (an estimate from the dataset's format)")
+_EAGER = (("--enforce-eager",), "the source's vLLM ran with enforce_eager true (the plan's note); vime could not "
+                                "express it before --enforce-eager")
+REVISIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "verl-fullyasync-colocate-fsdp2-32xh20-qwen2.5-math-7b": [_DAPO_PROMPT],
+    "verl-fullyasync-colocate-fsdp2-128xh20-qwen2.5-math-7b": [_DAPO_PROMPT],
+    "verl-fullyasync-colocate-fsdp2-16xh20-qwen2.5-math-7b-10k": [_DAPO_PROMPT],
+    "verl-osoff-colocate-fsdp2-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER],
+    "verl-osoff-colocate-megatron-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER],
+}
+
 VERL_MAP = {"step": ["t_step"],
             "gen": ["t_rollout", "t_offload", "t_onload_weights", "t_weight_sync", "t_onload_kv"],
             "generate_sequences": ["t_rollout"],
@@ -240,10 +264,13 @@ def predict(ids: list[str], after: str | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     for rid in ids:
         plan = PLANS[rid]
-        argv = [*plan["args"], "--num-rollout", str(STEPS)]
+        revisions = REVISIONS.get(rid, []) if after else []
+        argv = [*plan["args"], *(w for words, _ in revisions for w in words), "--num-rollout", str(STEPS)]
         sim = simulate(parse_args(argv, command="simulate"))
         out: dict = {"id": rid, "vime_args": argv, "vime_commit_before": commit, "map": plan["map"],
                      "notes": plan["notes"], "fits": sim.fits}
+        if revisions:
+            out["revisions"] = [{"words": list(words), "why": why} for words, why in revisions]
         if not sim.fits:
             out["oom"] = str(sim.oom)
         else:
@@ -318,6 +345,62 @@ def compare(as_json: bool, after: str | None = None) -> int:
     return 0
 
 
+#: Mean responses (tokens) `implied` simulates each reference at, the plan's lognormal shape (sigma) kept.
+IMPLIED_MEANS = (250, 400, 600, 900, 1300, 2000, 3000, 4500)
+
+
+def _unstated_response(rid: str) -> bool:
+    return DAPO_MATH_7B_RESPONSE in PLANS[rid]["args"]
+
+
+def _implied_mean(curve: list[tuple[float, float]], measured: float) -> float | None:
+    """The mean response at which the simulated figure equals `measured` (log-log between grid points), or None
+    outside the grid."""
+    for (m0, p0), (m1, p1) in zip(curve, curve[1:], strict=False):
+        if min(p0, p1) <= measured <= max(p0, p1) and p0 != p1:
+            w = (math.log(measured) - math.log(p0)) / (math.log(p1) - math.log(p0))
+            return math.exp(math.log(m0) + w * (math.log(m1) - math.log(m0)))
+    return None
+
+
+def implied(ids: list[str]) -> int:
+    from vime.config import parse_args
+    from vime.runs.sim import simulate
+
+    sigma = float(DAPO_MATH_7B_RESPONSE.split(",")[1])
+    print(f"mean response (tokens) at which the simulation gives each figure; lognormal sigma {sigma}, the plans with "
+          f"their REVISIONS; grid {IMPLIED_MEANS}")
+    for rid in ids:
+        plan = PLANS[rid]
+        meas = json.loads((DATA / rid / "measured.json").read_text()).get("figures", {})
+        words = [*plan["args"], *(w for ws, _ in REVISIONS.get(rid, []) for w in ws), "--num-rollout", str(STEPS)]
+        at = words.index("--response-length") + 1
+        curves: dict[str, list[tuple[float, float]]] = {metric: [] for metric in plan["map"]}
+        for mean in IMPLIED_MEANS:
+            words[at] = _mean_response(mean, sigma)
+            sim = simulate(parse_args(words, command="simulate"))
+            if not sim.fits:
+                continue
+            q = _quantities(sim)
+            for metric, keys in plan["map"].items():
+                curves[metric].append((mean, sum(q[k] for k in keys)))
+        found = []
+        for metric, curve in curves.items():
+            m = _measured_value(meas, metric)
+            if not m or len(curve) < 2:
+                continue
+            mean = _implied_mean(curve, m)
+            lo, hi = curve[0], curve[-1]
+            where = (f"{mean:7.0f}" if mean else
+                     f"{'<' if m < min(lo[1], hi[1]) else '>'} grid ({lo[1]:.1f} at {lo[0]}, {hi[1]:.1f} at {hi[0]})")
+            print(f"{rid:58s} {metric:22s} measured {m:9.2f}  implied mean response {where}")
+            if mean:
+                found.append(mean)
+        if len(found) > 1:
+            print(f"{rid:58s} {'spread':22s} {max(found) / min(found):.2f}x between its figures' implied means")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -327,7 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="measured vs predicted per reported metric")
     c.add_argument("--json", action="store_true")
     c.add_argument("--after", metavar="NAME", help="also show predicted.NAME.json")
+    i = sub.add_parser("implied", help="where the mean response is not stated: the mean each figure implies")
+    i.add_argument("ids", nargs="*", help="reference ids (default: every plan with an unstated mean response)")
     a = ap.parse_args(argv)
+    if a.cmd == "implied":
+        return implied(a.ids or sorted(r for r in PLANS if _unstated_response(r)))
     if a.cmd == "predict":
         unknown = [i for i in a.ids if i not in PLANS]
         if unknown:

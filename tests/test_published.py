@@ -30,3 +30,18 @@ def test_each_plan_is_a_valid_vime_simulate_command_on_the_references_gpus(rid):
     gpus = args.actor_num_nodes * args.actor_num_gpus_per_node + (0 if args.colocate else args.rollout_num_gpus)
     assert gpus == ref["hardware"]["num_gpus"]
     assert set(plan["map"]) and all(plan["map"].values())
+
+
+@pytest.mark.parametrize("rid", sorted(published.REVISIONS))
+def test_each_revision_names_a_plan_says_why_and_parses(rid):
+    assert rid in published.PLANS
+    words = [w for ws, why in published.REVISIONS[rid] for w in ws]
+    assert all(why for _, why in published.REVISIONS[rid])
+    parse_args([*published.PLANS[rid]["args"], *words, "--num-rollout", "1"], command="simulate")
+
+
+def test_implied_mean_reads_the_mean_off_a_monotone_curve_and_refuses_outside_it():
+    curve = [(250, 10.0), (1000, 40.0), (4000, 160.0)]  # time proportional to the mean
+    assert published._implied_mean(curve, 20.0) == pytest.approx(500.0)
+    assert published._implied_mean(curve, 160.0) == pytest.approx(4000.0)
+    assert published._implied_mean(curve, 5.0) is None and published._implied_mean(curve, 200.0) is None
