@@ -363,13 +363,13 @@ def _implied_mean(curve: list[tuple[float, float]], measured: float) -> float | 
     return None
 
 
-def implied(ids: list[str]) -> int:
+def implied(ids: list[str], clip: float = 0.0) -> int:
     from vime.config import parse_args
     from vime.runs.sim import simulate
 
     sigma = float(DAPO_MATH_7B_RESPONSE.split(",")[1])
-    print(f"mean response (tokens) at which the simulation gives each figure; lognormal sigma {sigma}, the plans with "
-          f"their REVISIONS; grid {IMPLIED_MEANS}")
+    print(f"mean response (tokens) at which the simulation gives each figure; lognormal sigma {sigma}"
+          f"{f', a share {clip} of responses at the cap' if clip else ''}, the plans with their REVISIONS; grid {IMPLIED_MEANS}")
     for rid in ids:
         plan = PLANS[rid]
         meas = json.loads((DATA / rid / "measured.json").read_text()).get("figures", {})
@@ -377,7 +377,12 @@ def implied(ids: list[str]) -> int:
         at = words.index("--response-length") + 1
         curves: dict[str, list[tuple[float, float]]] = {metric: [] for metric in plan["map"]}
         for mean in IMPLIED_MEANS:
-            words[at] = _mean_response(mean, sigma)
+            # the body's mean such that the whole mean (the clipped share at the cap included) is `mean`
+            cap = int(words[words.index("--rollout-max-response-len") + 1])
+            body = (mean - clip * cap) / (1.0 - clip)
+            if body < 1:
+                continue
+            words[at] = _mean_response(body, sigma) + (f",{clip}" if clip else "")
             sim = simulate(parse_args(words, command="simulate"))
             if not sim.fits:
                 continue
@@ -412,9 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--after", metavar="NAME", help="also show predicted.NAME.json")
     i = sub.add_parser("implied", help="where the mean response is not stated: the mean each figure implies")
     i.add_argument("ids", nargs="*", help="reference ids (default: every plan with an unstated mean response)")
+    i.add_argument("--clip", type=float, default=0.0, metavar="SHARE",
+                   help="a share of responses cut at the cap (--response-length lognormal:MU,SIGMA,CLIP)")
     a = ap.parse_args(argv)
     if a.cmd == "implied":
-        return implied(a.ids or sorted(r for r in PLANS if _unstated_response(r)))
+        if not 0 <= a.clip < 1:
+            raise SystemExit(f"--clip {a.clip}: a share of responses, 0 ≤ SHARE < 1")
+        return implied(a.ids or sorted(r for r in PLANS if _unstated_response(r)), a.clip)
     if a.cmd == "predict":
         unknown = [i for i in a.ids if i not in PLANS]
         if unknown:
