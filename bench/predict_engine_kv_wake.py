@@ -1,10 +1,11 @@
-"""Pre-registered KV wake of vLLM alone (scripts/h200/vllm_bench.py, Qwen3-4B) at several memory shares, under four hypotheses.
+"""Pre-registered KV wake of vLLM alone (scripts/h200/vllm_bench.py, Qwen3-4B) at several memory shares, under five hypotheses.
 
 The question (bench/data/h200_notes.md, nineteenth session): a real engine's KV wake carries ~0.03 s beyond what the
 probe's mapping calls explain (vLLM alone at 0.6: 0.116 s measured, probe terms with a 5 ms call 0.086 s). Is it the
 engine's own fixed work (every KV wake), or does the real engine spill at a higher rate than the probe (grows with
 the GiB beyond the pool's cheap share)? Or is it no extra at all, the room being smaller than the committed fit
-takes it, beside the bench's own two models (H4, added before the runs)? Three shares tell them apart: 0.45 (no spill), 0.6 (9 GiB over), 0.75 (30).
+takes it, beside the bench's own two models (H4, added before the runs)? Three shares tell them apart: 0.45 (no
+spill), 0.6 (9 GiB over), 0.75 (30). H0 is the model as committed, H1 the probe's terms alone.
 
     python bench/predict_engine_kv_wake.py --out bench/data/vllm_bench_s20/predicted_kv_wake.json
     python bench/predict_engine_kv_wake.py --compare bench/data/vllm_bench_s20/predicted_kv_wake.json RUN.json...

@@ -375,10 +375,10 @@ def implied(ids: list[str], clip: float = 0.0) -> int:
         meas = json.loads((DATA / rid / "measured.json").read_text()).get("figures", {})
         words = [*plan["args"], *(w for ws, _ in REVISIONS.get(rid, []) for w in ws), "--num-rollout", str(STEPS)]
         at = words.index("--response-length") + 1
+        cap = int(words[words.index("--rollout-max-response-len") + 1])
         curves: dict[str, list[tuple[float, float]]] = {metric: [] for metric in plan["map"]}
         for mean in IMPLIED_MEANS:
             # the body's mean such that the whole mean (the clipped share at the cap included) is `mean`
-            cap = int(words[words.index("--rollout-max-response-len") + 1])
             body = (mean - clip * cap) / (1.0 - clip)
             if body < 1:
                 continue

@@ -29,8 +29,8 @@ class LengthSpec:
     ``fixed``: always N (N ≥ 1). ``uniform``: integers A..B inclusive (1 ≤ A ≤ B).
     ``lognormal``: exp(Normal(MU, SIGMA)) with SIGMA > 0 (MU in log-tokens, so the median is
     exp(MU)); an optional CLIP in [0, 1) is the share of responses that run to the cap whatever the body
-    (the truncated share a dashboard shows as clip ratio). ``trace``: lengths read from a JSONL file by the simulator. Every draw is capped
-    at ``cap`` (the matching --rollout-max-*-len) by whoever samples it.
+    (the truncated share a dashboard shows as clip ratio). ``trace``: lengths read from a JSONL file by
+    the simulator. Every draw is capped at ``cap`` (the matching --rollout-max-*-len) by whoever samples it.
     """
 
     kind: LengthKind
