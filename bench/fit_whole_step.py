@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import io
 import json
 import math
@@ -598,9 +599,16 @@ def _later_steps(run: str) -> list[dict]:
     return [s["metrics"] for s in steps if s["rollout_id"] >= 1]
 
 
+def engine_metrics(run: str) -> list[dict]:
+    """vLLM's /metrics samples of a run (`vllm_metrics.jsonl`, kept gzipped in bench/data to keep the device's working tree small)."""
+    path = RUNS / run / "vllm_metrics.jsonl.gz"
+    text = gzip.decompress(path.read_bytes()).decode() if path.exists() else (RUNS / run / "vllm_metrics.jsonl").read_text()
+    return [json.loads(x) for x in text.splitlines()]
+
+
 def engine_itl(run: str) -> list[float]:
     """vLLM's mean inter-token latency over each rollout after the first (`vllm_metrics.jsonl`, counters' differences)."""
-    rows = [json.loads(x) for x in (RUNS / run / "vllm_metrics.jsonl").read_text().splitlines()]
+    rows = engine_metrics(run)
     wins, start = [], None
     for i, r in enumerate(rows):
         running = r["m"].get("vllm:num_requests_running", 0)
@@ -738,7 +746,7 @@ def implied_floor(profile: dict, fitted: dict[str, float], work: Path) -> tuple[
 def step_vs_context(run: str, batch: int = 256, min_tokens: int = 3) -> list[tuple[float, float, float]]:
     """vLLM's step while `batch` requests decode, against their mean context: (context, mean inter-token latency,
     tokens) per /metrics interval (0.25 s) of every rollout, the latency from the histogram's sum and count differences."""
-    rows = [json.loads(x) for x in (RUNS / run / "vllm_metrics.jsonl").read_text().splitlines()]
+    rows = engine_metrics(run)
     prompt = 128  # run.sh's toy prompts
     out, g0 = [], None
     for a, b in zip(rows, rows[1:], strict=False):

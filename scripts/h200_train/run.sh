@@ -207,6 +207,8 @@ run() {
   cat "$OUT/$TAG.txt"
   for f in "$R"/logs/*; do [ -f "$f" ] && tail -c 3000000 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
   tail -c 8000000 "$R/train_stderr.log" > "$R/t" && mv "$R/t" "$R/train_stderr.log"
+  # Gzipped as bench/data keeps it (fit_whole_step.engine_metrics reads either).
+  [ -f "$R/vllm_metrics.jsonl" ] && gzip -9 -n "$R/vllm_metrics.jsonl"
   tar czf "$OUT/$TAG.tgz" -C $W/runs "$TAG"
   nvidia-smi --query-gpu=index,memory.used --format=csv
   return $rc
