@@ -1165,6 +1165,11 @@ def _unmeasured_defaults(prof: dict) -> None:
             eff[key] = 0.0
             src.setdefault(f"efficiency.{key}", "0 (the default): not measured here; the timed parts of a whole RL "
                                                 "step's trainer sleep and wake measure it (bench/fit_whole_step.py)")
+    if "uncompiled_host_s_per_layer" not in eff:
+        eff["uncompiled_host_s_per_layer"] = 0.0
+        src.setdefault("efficiency.uncompiled_host_s_per_layer", "0 (the default): not measured here; a vLLM-alone "
+                                                                 "bench under --enforce-eager measures it "
+                                                                 "(bench/eager_dispatch.py)")
     for key in ("train_gemm_call_s", "train_width_bytes_fwd", "train_width_bytes_bwd"):
         if key not in eff:
             eff[key] = 0.0

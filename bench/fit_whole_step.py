@@ -492,6 +492,15 @@ RUN_SPECS = {
         "MBS": "4", "RESPONSE_LEN": "2048", "NUM_ROLLOUT": "2"}),
     "qwen3-4b-cumem-1g-mbs2-nooffload-emptied-util040_2026-12-04s20": ("qwen3-4b", "cumem", {
         "MBS": "2", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--no-offload-train --gpu-memory-utilization 0.4"}),
+    # the sixteenth lease, predicted (predicted_2026-12-04s21_*) before they ran: full recompute at micro-batch 4 (OOM
+    # without it), a KL loss against a reference model, vLLM eager; nothing here is fitted on them (the eager engine's
+    # dispatch is fitted on the vLLM-alone bench, bench/eager_dispatch.py)
+    "qwen3-4b-cumem-1g-mbs4-recompute_2026-12-04s21": ("qwen3-4b", "cumem", {
+        "MBS": "4", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--recompute-granularity full"}),
+    "qwen3-0.6b-cumem-1g-mbs4-kl_2026-12-04s21": ("qwen3-0.6b", "cumem", {
+        "MBS": "4", "EXTRA_ARGS": "--use-kl-loss --kl-loss-coef 0.01"}),
+    "qwen3-0.6b-cumem-1g-mbs4-eager_2026-12-04s21": ("qwen3-0.6b", "cumem", {
+        "MBS": "4", "NUM_ROLLOUT": "2", "EXTRA_ARGS": "--enforce-eager"}),
 }
 
 

@@ -123,12 +123,16 @@ E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memor
             # the fifteenth lease: the resident trainer emptying its cache after training
             "qwen3-0.6b-cumem-1g-mbs4-nooffload-emptied-util030_2026-12-04s20": "Qwen3-0.6B",
             "qwen3-0.6b-cumem-1g-mbs4-r2048_2026-12-04s20": "Qwen3-0.6B",
-            "qwen3-4b-cumem-1g-mbs2-nooffload-emptied-util040_2026-12-04s20": "Qwen3-4B"}
+            "qwen3-4b-cumem-1g-mbs2-nooffload-emptied-util040_2026-12-04s20": "Qwen3-4B",
+            # the sixteenth lease: full recompute, a KL loss against a reference model, vLLM without graphs or compile
+            "qwen3-4b-cumem-1g-mbs4-recompute_2026-12-04s21": "Qwen3-4B",
+            "qwen3-0.6b-cumem-1g-mbs4-kl_2026-12-04s21": "Qwen3-0.6B",
+            "qwen3-0.6b-cumem-1g-mbs4-eager_2026-12-04s21": "Qwen3-0.6B"}
 #: Phases of a run its trainer no longer measures the same way: the runs before the second lease of 2026-12-02
 #: split the fused QKV weights on the host (0.75 s of a 4B export), which the trainer no longer does.
 #: The MoE run of that lease is in none of the bands: its trainer runs the 128 experts one by one (Megatron's
 #: SequentialMLP), a host cost the simulator does not model (train −86 %, issue 21).
-SUPERSEDED = {run: ("weight_sync",) for run in E2E_RUNS if not run.endswith(("s6", "s7", "s8", "s10", "s11", "s12", "s13", "s14", "s15", "s16", "s17", "s18", "s19", "s20"))}
+SUPERSEDED = {run: ("weight_sync",) for run in E2E_RUNS if not run.endswith(("s6", "s7", "s8", "s10", "s11", "s12", "s13", "s14", "s15", "s16", "s17", "s18", "s19", "s20", "s21"))}
 #: `vime train` flags a simulation does not take (the real checkpoint, prompts, reward, backend), with their arity.
 _TRAIN_ONLY = {"--backend": 1, "--hf-checkpoint": 1, "--prompt-data": 1, "--custom-rm-path": 1}
 

@@ -221,8 +221,9 @@ def test_offload_backend_choice_shows_in_the_train_phase():
 
 
 def test_enforce_eager_slows_the_engines_steps_and_frees_the_graph_memory():
-    """--enforce-eager: vLLM captures no CUDA graphs, so every iteration launches its kernels (the profile's
-    eager_iteration_s) and the graph pool's bytes go to the KV cache instead."""
+    """--enforce-eager: vLLM captures no CUDA graphs and compiles nothing, so every iteration launches its kernels
+    (the profile's eager_iteration_s) and dispatches its layers' ops from Python (uncompiled_host_s_per_layer), and
+    the graph pool's bytes go to the KV cache instead."""
     from vime.protocols import TAG_CUDA_GRAPH, TAG_KV_CACHE
 
     runs = {}

@@ -216,6 +216,23 @@ def test_iterations_past_the_cuda_graphs_pay_the_eager_launch_cost():
     assert _err(pred, rows[1024]["median_s"]) < 0.05
 
 
+def test_an_uncompiled_engine_pays_its_forwards_dispatch_on_the_cpu_step_at_every_batch():
+    """--enforce-eager also turns torch.compile off: each layer's ops go out one by one from Python, a CPU cost the
+    GPU cannot hide (the H200's 0.6B bench: 21 ms per step at one request, against 1.9 ms with graphs and compile).
+    The Qwen3-4B bench (36 layers, held out of bench/eager_dispatch.py's fit) checks its per-layer form."""
+    settings = EngineSettings(max_model_len=20480, cuda_graph_max_tokens=0, compiled=False)
+    eager, compiled = IterationModel.build(MEASURED, QWEN3_4B, settings), _im()
+    dispatch = QWEN3_4B.num_layers * MEASURED.efficiency.uncompiled_host_s_per_layer
+    for seqs in (1, 16, 256):
+        assert eager.host(seqs) - compiled.host(seqs) == pytest.approx(dispatch)
+        assert eager.time(seqs, seqs * 512, seqs * 512) >= compiled.host(seqs) + dispatch - 1e-12
+    bench = json.loads((DATA / "vllm_bench_s21" / "vllm_4b_eager_quick.json").read_text())
+    for r in bench["phases"]["decode"]:  # 128-token prompts; the mean inter-token latency: decode iterations only
+        ctx = [r["batch"] * (128 + j + 1) for j in range(r["max_tokens"] - 1)]
+        modelled = sum(eager.time(r["batch"], c, c) for c in ctx) / len(ctx)
+        assert _err(modelled, r["itl_mean_s"]) < 0.10, (r["batch"], modelled, r["itl_mean_s"])
+
+
 def test_first_step_after_idle_pays_host_and_gpu():
     """A lone prefill on an idle vLLM: nothing hides its CPU step (8192 tokens: 140 ms measured)."""
     env = simpy.Environment()

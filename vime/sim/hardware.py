@@ -21,6 +21,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "decode_bw_util": 0.75,                   # engine decode bytes read / (hbm_bytes_per_s * time)
         "decode_weight_bw_util": 0.0,             # the weights' part of a decode step, if apart (optional, 0 = same)
         "eager_iteration_s": 0.0,                 # GPU launch cost of an iteration past the CUDA graphs (optional)
+        "uncompiled_host_s_per_layer": 0.0,       # engine CPU per layer and iteration without torch.compile (optional)
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
         "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
         "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
@@ -356,6 +357,7 @@ class HardwareSpec:
             internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
             efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s",
                                                          "decode_weight_bw_util", "eager_iteration_s",
+                                                         "uncompiled_host_s_per_layer",
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
                                                          "allgather_bw_util", "collective_latency_s",
                                                          "train_host_bwd_s_per_layer", "trainer_call_s",
@@ -393,7 +395,7 @@ CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pin
              "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
              "efficiency.export_per_tensor_s", "software.trainer_process_bytes", "efficiency.state_check_per_tensor_s",
              "efficiency.state_check_bytes_per_s", "efficiency.released_wake_s_per_gib",
-             "efficiency.released_wake_max_s")
+             "efficiency.released_wake_max_s", "efficiency.uncompiled_host_s_per_layer")
 
 
 def resolve_carry(data: Any, origin: str, seen: tuple[str, ...] = ()) -> Any:

@@ -66,6 +66,10 @@ class Efficiency:
     #: the captured sizes, EngineSettings.cuda_graph_max_tokens): ~2.8 ms for the 36-layer eager
     #: prefill stack on the H200 (the constant of its 1024/4096/16384-token times).
     eager_iteration_s: float = 0.0
+    #: vLLM's CPU time per layer of an iteration whose forward is not torch.compile'd (--enforce-eager turns off
+    #: compilation with the graphs): each op dispatched from Python, on the engine's CPU step, so it shows at any
+    #: batch. Host and vLLM work, not a chip property (carried to the datasheet presets).
+    uncompiled_host_s_per_layer: float = 0.0
     iteration_overhead_s: float = 0.003
     #: vLLM's CPU work per engine step (scheduling, input preparation, output processing):
     #: host_step_s + host_step_per_seq_s · scheduled requests. It overlaps the GPU's work (async

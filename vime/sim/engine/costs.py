@@ -53,7 +53,9 @@ class IterationModel:
     The iteration takes max(GPU time, host time), host time = host_s + host_per_seq_s · requests:
     vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
     GPU executes (async scheduling), so it only shows when it is the longer one — at large
-    batches (issue 10; bench/data/h200_notes.md).
+    batches (issue 10; bench/data/h200_notes.md). An engine without torch.compile (--enforce-eager)
+    adds the Python dispatch of its forward, layers · uncompiled_host_s_per_layer, to that CPU time:
+    the GPU cannot run ahead of ops not yet issued, so it shows at every batch.
 
     MoE models: `weight_bytes` is the part every iteration reads; the routed experts
     (`expert_bytes` per rank) are read only where the iteration's tokens go, the expected
@@ -82,6 +84,7 @@ class IterationModel:
     top_k: int = 0
     kv_bytes_per_s: float = 0.0  # the attention's KV read rate (0: bytes_per_s)
     sample_s: float = 0.0  # the sampler per sampled position (vocabulary · sample_s_per_logit)
+    dispatch_s: float = 0.0  # the forward's op-by-op Python dispatch per iteration (no torch.compile)
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
@@ -111,11 +114,12 @@ class IterationModel:
                    model.lm_head_flops_per_token(), eff.host_step_s * host_scale, eff.host_step_per_seq_s * host_scale,
                    hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens,
                    experts, model.num_experts, model.moe_top_k, settings.kv_read_bytes_per_s,
-                   model.vocab_size * settings.sample_s_per_logit)
+                   model.vocab_size * settings.sample_s_per_logit,
+                   0.0 if settings.compiled else model.num_layers * eff.uncompiled_host_s_per_layer)
 
     def host(self, seqs: int) -> float:
         """The engine's CPU time of one step with `seqs` scheduled requests."""
-        return self.host_s + self.host_per_seq_s * seqs
+        return self.host_s + self.dispatch_s + self.host_per_seq_s * seqs
 
     def fixed(self, tokens: int) -> float:
         eager = self.eager_s if tokens > self.graph_max_tokens else 0.0

@@ -46,6 +46,9 @@ class EngineSettings:
     #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
     #: kernel and pay `Efficiency.eager_iteration_s` (vLLM's default capture sizes end at 512).
     cuda_graph_max_tokens: int = 512
+    #: False under --enforce-eager: vLLM also skips torch.compile, so the model's ops are dispatched one by one from
+    #: Python on every iteration (`Efficiency.uncompiled_host_s_per_layer`, on the engine's CPU step).
+    compiled: bool = True
     #: Latency of one NCCL/custom all-reduce on NVLink (small messages); estimate.
     allreduce_latency_s: float = 8e-6
     #: One HTTP control round trip (pause, resume, sleep/wake request, weight-update call); estimate.
@@ -164,6 +167,6 @@ class EngineSettings:
             expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
         )
         values.update(overrides)
-        if getattr(args, "enforce_eager", False):  # no graphs captured: every iteration eager, no graph pool
-            values.update(cuda_graph_max_tokens=0, cuda_graph_bytes=0)
+        if getattr(args, "enforce_eager", False):  # no graphs captured, nothing compiled: every iteration eager
+            values.update(cuda_graph_max_tokens=0, cuda_graph_bytes=0, compiled=False)
         return cls(**values)
