@@ -40,6 +40,11 @@ PROMPT = 128  # vllm_bench.py's decode prompts
 WHOLE_STEP = "qwen3-0.6b-cumem-1g-mbs4-eager_2026-12-04s21"
 
 
+def with_dispatch(profile: dict, value: float) -> dict:
+    """`profile` with `uncompiled_host_s_per_layer` set to `value`."""
+    return {**profile, "efficiency": {**profile["efficiency"], "uncompiled_host_s_per_layer": value}}
+
+
 def row_seconds(profile: dict, preset: str, batch: int, new: int, eager: bool) -> float:
     """The bench's wall time of B lockstep requests under `profile`, with or without --enforce-eager."""
     from fit_whole_step import model_of  # noqa: PLC0415 - reads bench/data
@@ -53,6 +58,7 @@ def row_seconds(profile: dict, preset: str, batch: int, new: int, eager: bool) -
 
 
 def fit(profile: dict) -> float:
+    """The per-layer dispatch the fit batches imply over `profile`'s compiled, graphed rows (its own dispatch unused)."""
     from fit_whole_step import model_of  # noqa: PLC0415
 
     run = json.loads((DATA / FIT_BENCH).read_text())
@@ -79,12 +85,12 @@ def main() -> int:
     args = ap.parse_args()
     profile = json.loads(PROFILE.read_text())
     committed = profile["efficiency"].get("uncompiled_host_s_per_layer", 0.0)
-    value = fit({**profile, "efficiency": {**profile["efficiency"], "uncompiled_host_s_per_layer": 0.0}})
+    value = fit(profile)
     print(f"uncompiled_host_s_per_layer fitted on {FIT_BENCH} batches {FIT_BATCHES}: {value * 1e3:.3f} ms "
           f"(committed {committed * 1e3:.3f} ms)")
     if args.check:
         return 0 if abs(value - committed) <= 1e-12 else 1
-    fitted = {**profile, "efficiency": {**profile["efficiency"], "uncompiled_host_s_per_layer": value}}
+    before, fitted = with_dispatch(profile, 0.0), with_dispatch(profile, value)
     print("error % = (predicted - measured) / measured; 'as committed' = the model before this fit (2.78 ms on the GPU "
           "side, hidden under the CPU step)")
     print(f"{'row':38s} {'measured':>9s} {'as committed':>20s} {'fitted':>20s}  use")
@@ -92,14 +98,13 @@ def main() -> int:
         run = json.loads((DATA / name).read_text())
         for r in run["phases"]["decode"]:
             b, n = r["batch"], r["max_tokens"]
-            old = row_seconds({**profile, "efficiency": {**profile["efficiency"], "uncompiled_host_s_per_layer": 0.0}},
-                              preset, b, n, eager=True)
+            old = row_seconds(before, preset, b, n, eager=True)
             new = row_seconds(fitted, preset, b, n, eager=True)
             m = r["wall_s"]
             use = "fit" if name == FIT_BENCH and b in FIT_BATCHES else "held out"
             print(f"{preset + f' B={b} x {n}':38s} {m:9.3f} {old:10.3f} {100 * (old - m) / m:+8.1f} % "
                   f"{new:10.3f} {100 * (new - m) / m:+8.1f} %  {use}")
-    m, old = whole_step({**profile, "efficiency": {**profile["efficiency"], "uncompiled_host_s_per_layer": 0.0}})
+    m, old = whole_step(before)
     _, new = whole_step(fitted)
     print(f"{'whole step rollout (steps >= 1)':38s} {m:9.3f} {old:10.3f} {100 * (old - m) / m:+8.1f} % "
           f"{new:10.3f} {100 * (new - m) / m:+8.1f} %  held out")

@@ -233,6 +233,16 @@ def test_an_uncompiled_engine_pays_its_forwards_dispatch_on_the_cpu_step_at_ever
         assert _err(modelled, r["itl_mean_s"]) < 0.10, (r["batch"], modelled, r["itl_mean_s"])
 
 
+def test_the_committed_dispatch_is_what_the_eager_bench_fit_gives():
+    """bench/eager_dispatch.py's fit (the 0.6B eager bench's batches 1 and 16 over the compiled profile) is the value
+    the H200 profile carries; the profile's own dispatch does not enter the fit."""
+    fit = load_script(ROOT / "bench" / "eager_dispatch.py", "vime_bench_eager_dispatch").fit
+    profile = json.loads((ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json").read_text())
+    assert fit(profile) == MEASURED.efficiency.uncompiled_host_s_per_layer > 0
+    profile["efficiency"]["uncompiled_host_s_per_layer"] = 1.0
+    assert fit(profile) == MEASURED.efficiency.uncompiled_host_s_per_layer
+
+
 def test_first_step_after_idle_pays_host_and_gpu():
     """A lone prefill on an idle vLLM: nothing hides its CPU step (8192 tokens: 140 ms measured)."""
     env = simpy.Environment()
