@@ -105,12 +105,16 @@ _DAPO_PROMPT = (("--prompt-length", "uniform:100,300"),
                 "template: 100-300 tokens (an estimate from the dataset's format)")
 _EAGER = (("--enforce-eager",), "the source's vLLM ran with enforce_eager true (the plan's note); vime could not "
                                 "express it before --enforce-eager")
+_SERIAL = (("--no-async-scheduling",), "the source's vLLM (<= 0.9.1 or <= 0.8.5 by verl's setup.py at its commit, recorded in "
+                                       "the doc's reference.json before its figures were read) predates async scheduling "
+                                       "(vLLM 0.10): its CPU step ran after its GPU step; vime could not express it "
+                                       "before --no-async-scheduling")
 REVISIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
-    "verl-fullyasync-colocate-fsdp2-32xh20-qwen2.5-math-7b": [_DAPO_PROMPT],
-    "verl-fullyasync-colocate-fsdp2-128xh20-qwen2.5-math-7b": [_DAPO_PROMPT],
-    "verl-fullyasync-colocate-fsdp2-16xh20-qwen2.5-math-7b-10k": [_DAPO_PROMPT],
-    "verl-osoff-colocate-fsdp2-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER],
-    "verl-osoff-colocate-megatron-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER],
+    "verl-fullyasync-colocate-fsdp2-32xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _SERIAL],
+    "verl-fullyasync-colocate-fsdp2-128xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _SERIAL],
+    "verl-fullyasync-colocate-fsdp2-16xh20-qwen2.5-math-7b-10k": [_DAPO_PROMPT, _SERIAL],
+    "verl-osoff-colocate-fsdp2-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER, _SERIAL],
+    "verl-osoff-colocate-megatron-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER, _SERIAL],
 }
 
 VERL_MAP = {"step": ["t_step"],

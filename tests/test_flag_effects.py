@@ -177,6 +177,7 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "max_num_seqs": Effect(("--max-num-seqs", "64"), P.server),
     "max_num_batched_tokens": Effect(("--max-num-batched-tokens", "4096"), P.server),
     "enforce_eager": Effect(("--enforce-eager",), P.server),
+    "no_async_scheduling": Effect(("--no-async-scheduling",), P.server),
     "update_weight_buffer_size": Effect(("--update-weight-buffer-size", "256MiB"), P.calls),
     "update_weight_mode": Effect(("--update-weight-mode", "disk"), P.weights_path),
     "update_weight_dir": Effect(("--update-weight-dir", "{dir}/weights"), P.weights_path,

@@ -240,6 +240,20 @@ def test_enforce_eager_slows_the_engines_steps_and_frees_the_graph_memory():
     assert without[TAG_KV_CACHE] == pytest.approx(with_graphs[TAG_KV_CACHE] + with_graphs[TAG_CUDA_GRAPH], abs=2 << 20)
 
 
+def test_without_async_scheduling_the_engines_cpu_step_follows_its_gpu_step():
+    """--no-async-scheduling (vLLM before 0.10 had no other way): each iteration takes its GPU time plus its CPU step
+    instead of the longer of the two, so the rollout is longer; the trainer's work is the same samples (packed into
+    micro-batches in the order they finish, which the engines' timing moves: within 2 %)."""
+    runs = {}
+    for words in ([], ["--no-async-scheduling"]):
+        sim = simulate(parse_args(["--num-rollout", "1", "--hardware", "H200-141G-measured", *words],
+                                  command="simulate"))
+        runs[bool(words)] = sim.steps[0]
+    overlapped, serial = runs[False], runs[True]
+    assert serial.t_rollout > overlapped.t_rollout * 1.05
+    assert serial.t_train == pytest.approx(overlapped.t_train, rel=0.02)
+
+
 def test_colocated_trainer_may_stay_resident_and_the_memory_check_decides():
     """--colocate --no-offload-train: no trainer offload/onload per step; the engines still sleep around training.
 

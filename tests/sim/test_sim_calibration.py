@@ -233,6 +233,15 @@ def test_an_uncompiled_engine_pays_its_forwards_dispatch_on_the_cpu_step_at_ever
         assert _err(modelled, r["itl_mean_s"]) < 0.10, (r["batch"], modelled, r["itl_mean_s"])
 
 
+def test_without_async_scheduling_an_iteration_is_its_gpu_time_plus_its_cpu_step():
+    serial = IterationModel.build(MEASURED, QWEN3_4B, EngineSettings(max_model_len=20480, async_scheduling=False))
+    overlapped = _im()
+    for seqs in (1, 64, 256):
+        gpu, host = overlapped.gpu_time(seqs, seqs * 512, seqs * 512), overlapped.host(seqs)
+        assert overlapped.time(seqs, seqs * 512, seqs * 512) == pytest.approx(max(gpu, host))
+        assert serial.time(seqs, seqs * 512, seqs * 512) == pytest.approx(gpu + host)
+
+
 def test_the_committed_dispatch_is_what_the_eager_bench_fit_gives():
     """bench/eager_dispatch.py's fit (the 0.6B eager bench's batches 1 and 16 over the compiled profile) is the value
     the H200 profile carries; the profile's own dispatch does not enter the fit."""

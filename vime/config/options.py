@@ -249,6 +249,9 @@ class EngineConfig:
                                       type=int)
     enforce_eager: bool = opt(False, "vLLM without CUDA graphs (vLLM's --enforce-eager): every engine iteration "
                                      "launches its kernels one by one, and no graph memory is held (more KV cache)")
+    no_async_scheduling: bool = opt(False, "vLLM without async scheduling (vLLM's --no-async-scheduling; what vLLM "
+                                           "before 0.10 always did): each step's CPU work (scheduling, input "
+                                           "preparation, output processing) runs after its GPU work, not beside it")
     #: what ``--vllm-<server-flag> [VALUE]`` words reach `vllm serve` (vime.config.passthrough); not a flag itself
     vllm_extra_args: tuple[str, ...] = opt((), "vLLM server flags passed through", commands=())
     enable_expert_parallel: bool = opt(False, "vLLM expert parallelism: each engine places whole experts on its "

@@ -33,6 +33,8 @@ RESERVED: dict[str, str] = {
     "--max-num-seqs": "--max-num-seqs",
     "--max-num-batched-tokens": "--max-num-batched-tokens",
     "--enforce-eager": "--enforce-eager (the simulator models it too)",
+    "--async-scheduling": "leave it out: vime keeps vLLM's default (on), --no-async-scheduling turns it off",
+    "--no-async-scheduling": "--no-async-scheduling (the simulator models it too)",
     "--seed": "--seed",
     "--enable-sleep-mode": "--offload-rollout (on with --colocate)",
     "--weight-transfer-config": "--update-weight-mode",

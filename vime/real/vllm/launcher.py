@@ -113,6 +113,7 @@ class ServerSpec:
     enable_scale_out: bool | None = None  # None: add the flag iff the installed vLLM knows it
     dtype: str | None = None
     enforce_eager: bool = False
+    async_scheduling: bool = True  # False: --no-async-scheduling
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_expert_parallel: bool = False  # MoE: whole experts per rank (vLLM's --enable-expert-parallel)
@@ -189,6 +190,7 @@ def engine_specs(args: Any, *, device: Device = "cuda", host: str = "127.0.0.1",
         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None),
         enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
         enforce_eager=bool(getattr(args, "enforce_eager", False)),
+        async_scheduling=not getattr(args, "no_async_scheduling", False),
         seed=getattr(args, "seed", None),
         extra_args=tuple(getattr(args, "vllm_extra_args", ()) or ()),  # --vllm-<flag> (vime.config.passthrough)
     )
@@ -233,6 +235,8 @@ def server_command(spec: ServerSpec, *, python: str = sys.executable,
         argv += ["--dtype", spec.dtype]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    if not spec.async_scheduling:
+        argv.append("--no-async-scheduling")
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens is not None:

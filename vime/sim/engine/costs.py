@@ -53,7 +53,8 @@ class IterationModel:
     The iteration takes max(GPU time, host time), host time = host_s + host_per_seq_s · requests:
     vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
     GPU executes (async scheduling), so it only shows when it is the longer one — at large
-    batches (issue 10; bench/data/h200_notes.md). An engine without torch.compile (--enforce-eager)
+    batches (issue 10; bench/data/h200_notes.md). Without async scheduling (vLLM before 0.10, or
+    --no-async-scheduling) the CPU step runs after the GPU's and the two add. An engine without torch.compile (--enforce-eager)
     adds the Python dispatch of its forward, layers · uncompiled_host_s_per_layer, to that CPU time:
     the GPU cannot run ahead of ops not yet issued, so it shows at every batch.
 
@@ -85,6 +86,7 @@ class IterationModel:
     kv_bytes_per_s: float = 0.0  # the attention's KV read rate (0: bytes_per_s)
     sample_s: float = 0.0  # the sampler per sampled position (vocabulary · sample_s_per_logit)
     dispatch_s: float = 0.0  # the forward's op-by-op Python dispatch per iteration (no torch.compile)
+    overlap: bool = True  # async scheduling: the CPU step beside the GPU's (False: after it)
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
@@ -115,7 +117,8 @@ class IterationModel:
                    hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens,
                    experts, model.num_experts, model.moe_top_k, settings.kv_read_bytes_per_s,
                    model.vocab_size * settings.sample_s_per_logit,
-                   0.0 if settings.compiled else model.num_layers * eff.uncompiled_host_s_per_layer)
+                   0.0 if settings.compiled else model.num_layers * eff.uncompiled_host_s_per_layer,
+                   settings.async_scheduling)
 
     def host(self, seqs: int) -> float:
         """The engine's CPU time of one step with `seqs` scheduled requests."""
@@ -146,7 +149,8 @@ class IterationModel:
         """One iteration computing `tokens` tokens of `seqs` requests (None: one token each, decode),
         reading `kv_read_tokens` of KV, attending `attn_ctx` in total."""
         seqs = tokens if seqs is None else seqs
-        return max(self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs), self.host(seqs))
+        gpu, host = self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs), self.host(seqs)
+        return max(gpu, host) if self.overlap else gpu + host
 
     def first_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """The first iteration after the engine was idle: no earlier GPU step hides its CPU part, so

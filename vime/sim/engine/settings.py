@@ -49,6 +49,9 @@ class EngineSettings:
     #: False under --enforce-eager: vLLM also skips torch.compile, so the model's ops are dispatched one by one from
     #: Python on every iteration (`Efficiency.uncompiled_host_s_per_layer`, on the engine's CPU step).
     compiled: bool = True
+    #: vLLM's async scheduling (on by default since 0.10; absent before): a step's CPU work overlaps its GPU work, so
+    #: the step takes the longer of the two. False (--no-async-scheduling, older vLLM): the sum.
+    async_scheduling: bool = True
     #: Latency of one NCCL/custom all-reduce on NVLink (small messages); estimate.
     allreduce_latency_s: float = 8e-6
     #: One HTTP control round trip (pause, resume, sleep/wake request, weight-update call); estimate.
@@ -165,6 +168,7 @@ class EngineSettings:
             max_num_batched_tokens=int(args.max_num_batched_tokens),
             max_model_len=int(args.rollout_max_context_len),
             expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
+            async_scheduling=not getattr(args, "no_async_scheduling", False),
         )
         values.update(overrides)
         if getattr(args, "enforce_eager", False):  # no graphs captured, nothing compiled: every iteration eager
