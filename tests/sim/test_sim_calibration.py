@@ -240,6 +240,20 @@ def test_without_async_scheduling_an_iteration_is_its_gpu_time_plus_its_cpu_step
         gpu, host = overlapped.gpu_time(seqs, seqs * 512, seqs * 512), overlapped.host(seqs)
         assert overlapped.time(seqs, seqs * 512, seqs * 512) == pytest.approx(max(gpu, host))
         assert serial.time(seqs, seqs * 512, seqs * 512) == pytest.approx(gpu + host)
+    # an uncompiled forward's dispatch overlaps the kernels it launches even then
+    eager = IterationModel.build(MEASURED, QWEN3_4B, EngineSettings(max_model_len=20480, async_scheduling=False,
+                                                                    compiled=False, cuda_graph_max_tokens=0))
+    gpu, host = eager.gpu_time(256, 256 * 512, 256 * 512), eager.host(256)
+    assert eager.time(256, 256 * 512, 256 * 512) == pytest.approx(host - eager.dispatch_s + max(gpu, eager.dispatch_s))
+
+
+@pytest.mark.parametrize("kw", [{}, {"async_scheduling": False}, {"compiled": False, "cuda_graph_max_tokens": 0},
+                                {"async_scheduling": False, "compiled": False, "cuda_graph_max_tokens": 0}])
+def test_the_lockstep_closed_form_is_the_sum_of_its_iterations_in_every_scheduling_mode(kw):
+    im = IterationModel.build(MEASURED, QWEN3_4B, EngineSettings(max_model_len=20480, **kw))
+    for n in (1, 64, 256):
+        ctx0, k = n * 600, 300
+        assert im.decode_phase(k, n, ctx0).elapsed(k) == pytest.approx(sum(im.time(n, ctx0 + n * j, ctx0 + n * j) for j in range(k)))
 
 
 def test_the_committed_dispatch_is_what_the_eager_bench_fit_gives():

@@ -54,7 +54,8 @@ class IterationModel:
     vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
     GPU executes (async scheduling), so it only shows when it is the longer one — at large
     batches (issue 10; bench/data/h200_notes.md). Without async scheduling (vLLM before 0.10, or
-    --no-async-scheduling) the CPU step runs after the GPU's and the two add. An engine without torch.compile (--enforce-eager)
+    --no-async-scheduling) the CPU step and the GPU's add (an uncompiled forward's dispatch still overlaps the
+    kernels it launches). An engine without torch.compile (--enforce-eager)
     adds the Python dispatch of its forward, layers · uncompiled_host_s_per_layer, to that CPU time:
     the GPU cannot run ahead of ops not yet issued, so it shows at every batch.
 
@@ -150,13 +151,23 @@ class IterationModel:
         reading `kv_read_tokens` of KV, attending `attn_ctx` in total."""
         seqs = tokens if seqs is None else seqs
         gpu, host = self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs), self.host(seqs)
-        return max(gpu, host) if self.overlap else gpu + host
+        if self.overlap:
+            return max(gpu, host)
+        # in series: the step's CPU work, then the forward, whose kernels run as fast as they are dispatched
+        return host - self.dispatch_s + max(gpu, self.dispatch_s)
 
     def first_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """The first iteration after the engine was idle: no earlier GPU step hides its CPU part, so
         host + GPU (a lone prefill on the H200, bench/data/h200_vllm_0.25.1*.json)."""
         seqs = tokens if seqs is None else seqs
         return self.gpu_time(tokens, kv_read_tokens, attn_ctx, seqs) + self.host(seqs)
+
+    def decode_phase(self, k: int, n: int, ctx0: float) -> _Phase:
+        """k lockstep decode iterations of n requests whose contexts sum to ctx0 at the first (closed form of `time`)."""
+        lines = self.decode_lines(n, ctx0)
+        if self.overlap:
+            return _Phase(k, *lines, self.host(n))
+        return _Phase(k, *lines, self.dispatch_s, serial=self.host(n) - self.dispatch_s)
 
     def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
         """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
@@ -203,11 +214,13 @@ class _Phase:
     f0: float
     f1: float
     host: float = 0.0  # the CPU floor of every iteration (IterationModel.host)
+    serial: float = 0.0  # CPU time every iteration adds outside the max (no async scheduling)
 
     def elapsed(self, k: int) -> float:
         if self.host <= 0.0:
-            return self.c * k + sum_max_lines(self.m0, self.m1, self.f0, self.f1, k)
-        return sum_max_of_lines(((self.c + self.m0, self.m1), (self.c + self.f0, self.f1), (self.host, 0.0)), k)
+            return (self.c + self.serial) * k + sum_max_lines(self.m0, self.m1, self.f0, self.f1, k)
+        return self.serial * k + sum_max_of_lines(((self.c + self.m0, self.m1), (self.c + self.f0, self.f1),
+                                                   (self.host, 0.0)), k)
 
     def done_by(self, t: float) -> int:
         """Largest k ≤ K with elapsed(k) ≤ t (binary search on the closed form)."""

@@ -293,10 +293,7 @@ class Scheduler:
         if k == 0:
             return None  # the next iteration must preempt
         self._phase_cum = cum  # nothing changes the decoding set before advance_decode
-        c, m0, m1, f0, f1 = self.cost.decode_lines(n, self._sum_coff + n * (self.tick + 1))
-        if not self.cost.overlap:  # the CPU step after the GPU's: a constant added to every iteration
-            return _Phase(k, c + self.cost.host(n), m0, m1, f0, f1)
-        return _Phase(k, c, m0, m1, f0, f1, self.cost.host(n))
+        return self.cost.decode_phase(k, n, self._sum_coff + n * (self.tick + 1))
 
     def advance_decode(self, k: int, dt: float) -> None:
         """Commit the first k iterations of the phase just planned, which took dt seconds."""
