@@ -53,11 +53,11 @@ class IterationModel:
     The iteration takes max(GPU time, host time), host time = host_s + host_per_seq_s · requests:
     vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
     GPU executes (async scheduling), so it only shows when it is the longer one — at large
-    batches (issue 10; bench/data/h200_notes.md). Without async scheduling (vLLM before 0.10, or
-    --no-async-scheduling) the CPU step and the GPU's add (an uncompiled forward's dispatch still overlaps the
-    kernels it launches). An engine without torch.compile (--enforce-eager)
+    batches (issue 10; bench/data/h200_notes.md). An engine without torch.compile (--enforce-eager)
     adds the Python dispatch of its forward, layers · uncompiled_host_s_per_layer, to that CPU time:
-    the GPU cannot run ahead of ops not yet issued, so it shows at every batch.
+    the GPU cannot run ahead of ops not yet issued, so it shows at every batch. Without async scheduling
+    (vLLM before 0.10, or --no-async-scheduling) the CPU step and the GPU's add (an uncompiled forward's
+    dispatch still overlaps the kernels it launches).
 
     MoE models: `weight_bytes` is the part every iteration reads; the routed experts
     (`expert_bytes` per rank) are read only where the iteration's tokens go, the expected
