@@ -9,7 +9,10 @@
 A later prediction (`--after`) is made with the figures known: the references whose figures the fix
 was derived from count as fitted from then on, the others stay held out; `compare --after` prints both.
 It also applies `REVISIONS`: inputs a plan got wrong or could not express when it was written, each
-with its reason, none taken from a reference's figures.
+with its reason, and `MAP_REVISIONS`: a source's metric that a plan mapped to the wrong simulated
+quantity. None is a value taken from a reference's figures; one reading rests partly on a page's
+arithmetic (`_nemo_generated`), and the figure it used (NeMo-RL's Tokens/sec/GPU) stops counting as
+held out from then on.
 
 `implied`: where a source does not state the mean response (the DAPO-Math rows), no prediction of a
 phase's time can be tested; what can be is whether the model is consistent. For each reported figure
@@ -56,7 +59,8 @@ def _mean_response(mean: float, sigma: float = 0.6) -> str:
 #: DAPO-Math-17k with Qwen2.5-Math-7B: no source states the mean response; a run mean of a few
 #: thousand tokens is typical of those runs' length curves. One guess for all of them.
 DAPO_MATH_7B_RESPONSE = _lognormal(3000, 0.8)
-#: OpenMathInstruct-2 prompts are short problems; NeMo-RL's "G-Average Seq len" read as prompt + response.
+#: OpenMathInstruct-2 prompts are short problems; the plans read NeMo-RL's "G-Average Seq len" as prompt + response
+#: (revised: `_nemo_generated`).
 NEMO_PROMPT = 150
 #: verl's Ulysses sequence parallelism of degree k splits each layer's work over k GPUs as Megatron's
 #: TP k does; vime has no FSDP/Ulysses backend, so FSDP2 + SP k is expressed as Megatron TP k with
@@ -98,7 +102,7 @@ def _nemo_moe(mean_seq: float, *, prompts: int, max_len: int, gbs: int) -> list[
 
 NEMO_MAP = {"Total Step time(s)": ["t_step"], "Tokens / sec / GPU": ["tokens_per_s_per_gpu"]}
 #: Inputs revised after the pre-registration, applied by `predict --after` (appended to the plan's words):
-#: what changed and why. None is read off a reference's figures.
+#: what changed and why. No value is read off a reference's figures (`_nemo_generated` says what it used).
 _DAPO_PROMPT = (("--prompt-length", "uniform:100,300"),
                 "the plan gave no prompt length, so the default drew uniform lengths up to --rollout-max-prompt-len "
                 "(2048: mean ~1150 tokens); DAPO-Math-17k's prompts are one competition problem in a short instruction "
@@ -109,13 +113,57 @@ _SERIAL = (("--no-async-scheduling",), "the source's vLLM (<= 0.9.1 or <= 0.8.5 
                                        "the doc's reference.json before its figures were read) predates async scheduling "
                                        "(vLLM 0.10): its CPU step ran after its GPU step; vime could not express it "
                                        "before --no-async-scheduling")
+_NEMO_SERIAL = (("--no-async-scheduling",), "NeMo-RL pins vLLM 0.10.0 (v0.4) and 0.11.2 (v0.5) in its pyproject.toml at the release "
+                                             "tags, and its recipes set no async_scheduling: vLLM's SchedulerConfig defaulted it to "
+                                             "False until after 0.11 (on by default only later, vllm-project/vllm#27614), so its CPU "
+                                             "step ran after its GPU step")
+
+
+def _capped_mean_response(mean: float, cap: int, sigma: float = 0.6) -> str:
+    """Lognormal whose draws, cut at `cap` as the engine cuts them, average `mean` (bisection on mu)."""
+    from vime.sim.lengths import make_distribution
+
+    lo, hi = math.log(mean) - 4 * sigma, math.log(cap) + 8 * sigma
+    for _ in range(60):
+        mu = (lo + hi) / 2
+        lo, hi = (mu, hi) if make_distribution(f"lognormal:{mu},{sigma}").mean(cap) < mean else (lo, mu)
+    return f"lognormal:{(lo + hi) / 2:.4f},{sigma}"
+
+
+def _nemo_generated(mean_gen: float, cap: int = 4096 - 2 * NEMO_PROMPT) -> tuple[tuple[str, ...], str]:
+    """NeMo-RL's "G-Average Seq len" is the mean *generated* length (capped as generated), not prompt + response."""
+    return (("--response-length", _capped_mean_response(mean_gen, cap)),
+            f"the plan read \"G-Average Seq len\" {mean_gen:g} as prompt + response ({NEMO_PROMPT} + {mean_gen - NEMO_PROMPT:g}); "
+            "NeMo-RL logs the generation's mean as mean_gen_tokens_per_sample (assistant tokens only, "
+            "nemo_rl/experience/rollouts.py) and the page's G- columns are generation-related. The page's own "
+            "arithmetic agrees on every OpenMathInstruct-2 row of v0.4 and v0.5 (these and the rows vime cannot "
+            "express): Tokens/sec/GPU x GPUs x step / samples exceeds the column by 98-136 tokens, an additive "
+            "amount (the prompt), where prompt + response would leave nothing. The prompt stays the plan's 150. "
+            f"And it is the mean of what was generated, cut at the cap ({cap}): the plan's lognormal had that mean "
+            "before the cut, which took up to 18 % off the rows near the cap")
+
+
+#: NeMo-RL's Tokens/sec/GPU counts total_num_tokens, the sum of the samples' input lengths (prompt + response,
+#: nemo_rl/algorithms/grpo.py and utils.py); the plan mapped it to vime's trained (response) tokens.
+MAP_REVISIONS: dict[str, tuple[dict[str, list[str]], str]] = {}
+_NEMO_TOKENS = ({"Tokens / sec / GPU": ["sequence_tokens_per_s_per_gpu"]},
+                "NeMo-RL divides total_num_tokens (every sample's prompt + response, its input_lengths) by the step "
+                "time and the GPUs; the plan divided the trained response tokens")
 REVISIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "nemorl-v0.5-llama3.1-8b-16xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(1019)],
+    "nemorl-v0.5-llama3.1-8b-8xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(1066)],
+    "nemorl-v0.5-qwen3-32b-16xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(3253)],
+    "nemorl-v0.5-qwen3-32b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3251)],
+    "nemorl-v0.4-qwen3-30b-a3b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3154)],
+    "nemorl-v0.4-qwen3-235b-a22b-128xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(5671, 8192 - 2 * NEMO_PROMPT)],
     "verl-fullyasync-colocate-fsdp2-32xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _SERIAL],
     "verl-fullyasync-colocate-fsdp2-128xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _SERIAL],
     "verl-fullyasync-colocate-fsdp2-16xh20-qwen2.5-math-7b-10k": [_DAPO_PROMPT, _SERIAL],
     "verl-osoff-colocate-fsdp2-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER, _SERIAL],
     "verl-osoff-colocate-megatron-16xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _EAGER, _SERIAL],
 }
+
+MAP_REVISIONS.update({rid: _NEMO_TOKENS for rid in REVISIONS if rid.startswith("nemorl-")})
 
 VERL_MAP = {"step": ["t_step"],
             "gen": ["t_rollout", "t_offload", "t_onload_weights", "t_weight_sync", "t_onload_kv"],
@@ -254,6 +302,8 @@ def _quantities(sim) -> dict[str, float]:
     gpus = len(sim.backends.gpus)
     q["tokens_per_s_per_gpu"] = float(st.train.get("tokens", 0)) / (q["t_step"] * gpus)
     q["response_length_mean"] = float(st.response_length_mean)
+    sequence_tokens = float(st.rollout.get("response_tokens", 0) + st.rollout.get("prompt_tokens", 0))
+    q["sequence_tokens_per_s_per_gpu"] = sequence_tokens / (q["t_step"] * gpus)
     return q
 
 
@@ -271,16 +321,20 @@ def predict(ids: list[str], after: str | None = None) -> int:
         revisions = REVISIONS.get(rid, []) if after else []
         argv = [*plan["args"], *(w for words, _ in revisions for w in words), "--num-rollout", str(STEPS)]
         sim = simulate(parse_args(argv, command="simulate"))
-        out: dict = {"id": rid, "vime_args": argv, "vime_commit_before": commit, "map": plan["map"],
+        remap, remap_why = MAP_REVISIONS.get(rid, ({}, "")) if after else ({}, "")
+        metric_map = {**plan["map"], **remap}
+        out: dict = {"id": rid, "vime_args": argv, "vime_commit_before": commit, "map": metric_map,
                      "notes": plan["notes"], "fits": sim.fits}
         if revisions:
             out["revisions"] = [{"words": list(words), "why": why} for words, why in revisions]
+        if remap:
+            out["map_revisions"] = {"map": remap, "why": remap_why}
         if not sim.fits:
             out["oom"] = str(sim.oom)
         else:
             q = _quantities(sim)
             out["quantities"] = q
-            out["predicted"] = {metric: sum(q[k] for k in keys) for metric, keys in plan["map"].items()}
+            out["predicted"] = {metric: sum(q[k] for k in keys) for metric, keys in metric_map.items()}
         (DATA / rid / _pred_name(after)).write_text(json.dumps(out, indent=2) + "\n")
         shown = {k: round(v, 2) for k, v in out.get("predicted", {}).items()}
         print(f"{rid}: {'fits' if sim.fits else 'OOM ' + out['oom'][:120]} {shown}", flush=True)
@@ -378,7 +432,7 @@ def implied(ids: list[str], clip: float = 0.0) -> int:
         plan = PLANS[rid]
         meas = json.loads((DATA / rid / "measured.json").read_text()).get("figures", {})
         words = [*plan["args"], *(w for ws, _ in REVISIONS.get(rid, []) for w in ws), "--num-rollout", str(STEPS)]
-        at = words.index("--response-length") + 1
+        at = len(words) - words[::-1].index("--response-length")  # the last one given is the one parsed
         cap = int(words[words.index("--rollout-max-response-len") + 1])
         curves: dict[str, list[tuple[float, float]]] = {metric: [] for metric in plan["map"]}
         for mean in IMPLIED_MEANS:

@@ -60,6 +60,8 @@ def test_seed_rollout_collects_32_groups_of_8_numbered_as_the_seed():
     assert all(r.session_id is None for r in router.requests)
     st = out.stats
     assert (st.kept_samples, st.generated_samples, st.dropped_groups, st.aborted_samples) == (256, 256, 0, 0)
+    assert (st.response_tokens, st.prompt_tokens) == (3 * 256, sum(s.prompt_length for s in samples))
+    assert st.prompt_tokens >= 100 * 256  # the synthetic prompts are 100-399 tokens long
     assert router.abort_calls == 0  # nothing left in flight: no abort (seed step 28)
 
 

@@ -57,6 +57,7 @@ class RolloutStats:
     failed_samples: int = 0  # samples that failed on every attempt
     truncated_samples: int = 0  # kept samples that hit max_tokens
     response_tokens: int = 0  # of kept samples
+    prompt_tokens: int = 0  # of kept samples: with response_tokens, what a trainer's forward reads
     max_response_length: int = 0
     # When the engines answered, on the rollout's clock from its start (virtual in the simulator): the
     # rollout's time beyond the last response is the client's own (rewards, filter, abort).
@@ -311,6 +312,7 @@ class Rollout:
         for group in data:
             for s in group:
                 stats.response_tokens += s.response_length
+                stats.prompt_tokens += s.prompt_length
                 if s.response_length > stats.max_response_length:
                     stats.max_response_length = s.response_length
                 if s.status is SampleStatus.TRUNCATED:
