@@ -160,6 +160,7 @@ FLAGS: dict[str, Effect | Refused | Output] = {
     "kl_loss_type": Effect(("--kl-loss-type", "k1"), P.loss, base=KL),
     # the reference model loads from this directory (vime.real.megatron.reference, read by MegatronActor.setup)
     "ref_load": Effect(("--ref-load", "{model2}"), P.actor_field("ref_load"), base=KL),
+    "ref_placement": Effect(("--ref-placement", "host"), P.actor_field("ref_placement"), base=KL),
     "entropy_coef": Effect(("--entropy-coef", "0.1"), P.loss),
     "use_tis": Effect(("--use-tis",), P.loss),
     "tis_clip": Effect(("--tis-clip", "1.5"), P.loss, base=("--use-tis",)),

@@ -112,3 +112,12 @@ def test_save_alone_saves_once_after_the_last_rollout(tmp_path) -> None:
     args = parse_args(["--save", str(tmp_path / "c"), "--num-rollout", "3"], command="train")
     assert args.save_interval == 3
     assert parse_args(["--save", str(tmp_path / "c"), "--save-interval", "1"], command="train").save_interval == 1
+
+
+def test_ref_placement_needs_a_kl_term_and_names_it() -> None:
+    with pytest.raises(ConfigError, match="--ref-placement host places the reference of a KL term; add --use-kl-loss"):
+        parse_args(["--ref-placement", "host"], command="simulate")
+    args = parse_args(["--ref-placement", "host", "--use-kl-loss", "--kl-loss-coef", "0.01"], command="simulate")
+    assert args.ref_placement == "host"
+    with pytest.raises(ConfigError, match="--ref-placement: invalid choice: 'disk'"):
+        parse_args(["--ref-placement", "disk", "--use-kl-loss"], command="simulate")

@@ -511,6 +511,32 @@ def test_the_reference_model_makes_the_trainer_sleep_and_wake_copy_it_too():
     assert sleep_kl > sleep
 
 
+def test_a_host_placed_reference_trades_its_gpu_copy_for_one_copy_in_per_train_call():
+    """--ref-placement host: the reference's shard is pinned on the host, not in the params tag; each train call
+    copies it in before its forward (held in PyTorch's cache under that forward's logits) and the trainer's sleep
+    and wake no longer carry it."""
+    p = QWEN3_4B.params_per_rank(2)
+
+    def run(placement: str) -> tuple[Any, Any, Any]:
+        args = _seed_args(offload_train=False, use_kl_loss=True, kl_loss_coef=0.01, ref_placement=placement)
+        tr, cl = _trainer(args, reuse_log_probs=True)
+        _run(cl, tr.init())
+        params = cl.gpus[0].used("actor", "params")
+        m = _run(cl, tr.train(0, _batch(args)))
+        return tr, cl, (params, m.extra["perf/ref_log_probs_time"])
+
+    gpu_tr, gpu_cl, (gpu_params, gpu_ref) = run("gpu")
+    host_tr, host_cl, (host_params, host_ref) = run("host")
+    assert (gpu_params, host_params) == (2 * 2 * p, 2 * p)
+    assert host_cl.host.used("actor", "reference") == 8 * 2 * p and gpu_cl.host.used("actor", "reference") == 0
+    assert host_ref - gpu_ref == pytest.approx(2 * p / H100.h2d_bytes_per_s, rel=1e-6)
+    # the copy-in sits in the activations' cache (at least the shard, the training reuses the blocks), and the
+    # trainer's peak on the GPU is lower by up to the shard
+    assert host_cl.gpus[0].peak("actor", "activations") >= 2 * p
+    assert 0 < gpu_cl.gpus[0].peak() - host_cl.gpus[0].peak() <= 2 * p  # the trainer alone on its GPUs here
+    assert host_tr.state_bytes_per_gpu()["params"] == gpu_tr.policy_param_bytes_per_gpu()
+
+
 def test_full_recompute_trades_activation_memory_for_time():
     def run(recompute: str) -> tuple[int, float]:
         args = _seed_args(offload_train=False)

@@ -222,6 +222,11 @@ class AlgoConfig:
                             choices=("k1", "k2", "k3", "low_var_kl"))
     ref_load: str | None = opt(None, "reference model for the KL loss, an HF checkpoint directory (default: "
                                      "the initial --hf-checkpoint)", metavar="PATH")
+    ref_placement: str = opt("gpu", "where the KL reference's weights live: gpu (a second bf16 copy beside the "
+                                    "policy, sleeping and waking with it) or host (pinned host memory, copied to "
+                                    "the GPU for its forward in every train call and freed after: one bf16 model "
+                                    "copy less on each GPU for one host-to-GPU copy per step)",
+                             choices=("gpu", "host"))
     entropy_coef: float = opt(0.0, "entropy bonus: the loss subtracts this times the mean token entropy",
                               type=float)
     use_tis: bool = opt(False, "truncated importance sampling: weight each token's loss by "

@@ -380,6 +380,9 @@ def _algorithm(v: dict[str, Any]) -> None:
     _need(v["ref_load"] is None or v["use_kl_loss"] or v["kl_coef"] > 0,
           "--ref-load gives the reference of a KL term; add --use-kl-loss (or --kl-coef with "
           "reinforce_plus_plus_baseline)")
+    _need(v["ref_placement"] == "gpu" or v["use_kl_loss"] or v["kl_coef"] > 0,
+          f"--ref-placement {v['ref_placement']} places the reference of a KL term; add --use-kl-loss (or --kl-coef "
+          "with reinforce_plus_plus_baseline)")
     # what no backend trains yet: refused rather than silently trained as something else
     for name, alternative in NOT_IMPLEMENTED.items():
         _need(not v[name], f"{_flags_of(name)} is not implemented (neither the real trainer nor the simulator "

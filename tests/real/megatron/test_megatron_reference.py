@@ -1,4 +1,4 @@
-"""The KL loss's reference model in the real Megatron trainer (issue 19): built from the initial weights or --ref-load, timed, and pulling the policy back."""
+"""The KL loss's reference model in the real Megatron trainer (issue 19): built from the initial weights or --ref-load, on the GPU or the host, timed, and pulling the policy back."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ def _params(trainer: MegatronTrainer) -> dict[str, torch.Tensor]:
 def test_kl_to_the_reference_is_reported_and_keeps_the_policy_closer(ray_local, tiny_hf_dir):
     hf_config = mmodel.load_hf_config(str(tiny_hf_dir))
     base = dict(hf_config=hf_config, hf_checkpoint=str(tiny_hf_dir), lr=5e-3, seed=7)
-    cfgs = {"free": ActorConfig(**base),
-            "kl": ActorConfig(use_kl_loss=True, kl_loss_coef=20.0, kl_loss_type="k2", **base)}
-    with ThreadPoolExecutor(2) as pool:
+    kl = dict(use_kl_loss=True, kl_loss_coef=20.0, kl_loss_type="k2")
+    cfgs = {"free": ActorConfig(**base), "kl": ActorConfig(**kl, **base),
+            # --ref-placement host: the same reference, kept on the host and brought in for each forward
+            "kl_host": ActorConfig(**kl, ref_placement="host", **base)}
+    with ThreadPoolExecutor(3) as pool:
         futures = {k: pool.submit(MegatronTrainer.launch, c, 1, actor_num_cpus=0.25) for k, c in cfgs.items()}
         trainers = {k: f.result() for k, f in futures.items()}
     try:
@@ -36,9 +38,12 @@ def test_kl_to_the_reference_is_reported_and_keeps_the_policy_closer(ray_local, 
         async def train(t: MegatronTrainer) -> list:
             return [await t.train(rid, synthetic_batch(rid, global_batch_size=8)) for rid in range(3)]
 
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(3) as pool:
             runs = {k: pool.submit(asyncio.run, train(t)).result() for k, t in trainers.items()}
         kl_metrics = runs["kl"]
+        # where the reference lives changes no number the loss sees, in any of the three steps
+        assert [(m.loss, m.extra["kl_loss"]) for m in runs["kl_host"]] == [(m.loss, m.extra["kl_loss"]) for m in kl_metrics]
+        assert all(m.extra["ref_log_probs_time"] > 0 for m in runs["kl_host"])
         assert all(m.extra["ref_log_probs_time"] > 0 for m in kl_metrics)
         assert "ref_log_probs_time" not in runs["free"][0].extra
         # the train time's parts, under the simulator's keys: the reference's forward is not the actor's training

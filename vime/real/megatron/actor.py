@@ -85,6 +85,7 @@ class ActorConfig:
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
     ref_load: str | None = None  # the KL reference; None: the initial --hf-checkpoint
+    ref_placement: str = "gpu"  # gpu: beside the policy (params tag); host: pinned host, copied in per train call
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_clip: float = 2.0

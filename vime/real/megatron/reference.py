@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,8 +19,10 @@ if TYPE_CHECKING:
 
 class ReferenceModel:
     """The reference weights (``--ref-load``, else the policy's initial weights), frozen, in bf16 like the
-    policy. It lives in the trainer's "params" offload tag, so it leaves the GPU when the trainer sleeps
-    and comes back with it; no gradients, no optimizer state."""
+    policy; no gradients, no optimizer state. Where they live (``--ref-placement``): "gpu", in the trainer's
+    "params" offload tag, so they leave the GPU when the trainer sleeps and come back with it; "host", in
+    pinned host memory, copied to the GPU for each `log_probs` and dropped after (the freed blocks stay in
+    PyTorch's cache, where the training's activations reuse them)."""
 
     def __init__(self, spec: mmodel.ModelSpec, cfg: ActorConfig, *, tp: int, tp_rank: int, cpu: bool,
                  offload: Any, path: str | None, policy: Any = None, ep: int = 1, ep_rank: int = 0,
@@ -27,7 +30,9 @@ class ReferenceModel:
                  align: Callable[[list[MicroBatch]], list[MicroBatch]] | None = None) -> None:
         tf_config = mmodel.transformer_config(spec, tp=tp, ep=ep, etp=etp, dtype=cfg.torch_dtype, cpu_init=cpu,
                                               calculate_per_token_loss=False)
-        with offload.region("params"):
+        self.on_host = cfg.ref_placement == "host"
+        # on the host it is built on the GPU as the policy is (the same init path), outside the sleeping region
+        with contextlib.nullcontext() if self.on_host else offload.region("params"):
             module = mmodel.build_gpt_model(spec, tf_config)
             if cfg.torch_dtype != torch.float32:
                 module = module.to(cfg.torch_dtype)
@@ -44,6 +49,12 @@ class ReferenceModel:
                     p.copy_(src[name])
         module.eval()
         self.module = module
+        #: --ref-placement host: each parameter's pinned host copy; the parameters point at these between uses
+        self.host: dict[str, torch.Tensor] = {}
+        if self.on_host:
+            for name, p in module.named_parameters():
+                self.host[name] = p.detach().cpu().pin_memory() if not cpu else p.detach().clone()
+                p.data = self.host[name]
         # pads the micro-batches as the policy's are padded (MoE layouts: batches.moe_widths)
         self.align = align
         self.source = path or "the initial policy"
@@ -59,7 +70,22 @@ class ReferenceModel:
                 out[mb.rows[i]] = response_slice(logp, i, t, r).detach().float()
             return logp.sum() * 0.0, {}
 
-        with torch.no_grad():
+        with torch.no_grad(), self._on(device):
             mbs = log_prob_micro_batches(batch, groups, device)
             run_schedule(self.module, self.align(mbs) if self.align else mbs, True, collect)
         return [out[i] for i in range(len(batch.tokens))]
+
+    @contextlib.contextmanager
+    def _on(self, device: torch.device) -> Iterator[None]:
+        """The weights on `device` for the duration (a host-placed reference's copy in, then dropped)."""
+        if not self.on_host:
+            yield
+            return
+        params = dict(self.module.named_parameters())
+        try:
+            for name, host in self.host.items():
+                params[name].data = host.to(device, non_blocking=True)
+            yield
+        finally:
+            for name, host in self.host.items():
+                params[name].data = host

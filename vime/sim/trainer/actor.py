@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from vime.errors import ConfigError, TrainerError
@@ -38,6 +38,7 @@ from vime.sim.memory import GiB, PinnedMode, SimAllocator, SimCluster, elapse
 from vime.sim.trainer.cost_model import ActorCostModel
 from vime.sim.trainer.footprint import (
     TAG_CONTEXT,
+    TAG_REFERENCE,
     TAG_STEP_RESIDUE,
     TAG_WEIGHT_BACKUP,
     TAG_WEIGHT_BUFFER,
@@ -72,7 +73,8 @@ class SimTrainer(ActorCostModel):
     With ``use_kl_loss`` (or a non-zero ``kl_coef``) every train call also computes reference
     log-probs: one forward over the batch through the frozen reference model, which lives beside
     the policy as vime's real trainer keeps it (a second bf16 copy in the params tag: GPU memory
-    while awake, copied to the host and back with the policy's weights when the trainer sleeps).
+    while awake, copied to the host and back with the policy's weights when the trainer sleeps), or
+    with ``--ref-placement host`` in pinned host memory, copied in for that forward and dropped.
     Not modelled: a critic, routing replay, and overlap of DP communication with the backward pass.
     """
 
@@ -82,7 +84,8 @@ class SimTrainer(ActorCostModel):
                  recompute: Recompute | None = None, moe_load_imbalance: float | None = None) -> None:
         reference = algo.use_kl_loss or algo.kl_coef != 0.0
         super().__init__(placement, parallel, model, cluster.hardware, len(cluster.gpus), recompute=recompute,
-                         reference=reference, moe_load_imbalance=moe_load_imbalance)
+                         reference=reference, reference_on_host=getattr(algo, "ref_placement", "gpu") == "host",
+                         moe_load_imbalance=moe_load_imbalance)
         self.cluster = cluster
         self.name = name
         self.gpus = [cluster.gpus[g] for g in self.layout.gpus]
@@ -119,6 +122,8 @@ class SimTrainer(ActorCostModel):
         for tag, sizes in self.state_bytes_per_gpu().items():
             self.allocator.allocate(tag, sizes)
         self.cluster.host.alloc(self.name, TAG_WEIGHT_BACKUP, sum(self.policy_param_bytes_per_gpu()))
+        if self.reference_on_host:  # every rank's shard of the reference, pinned
+            self.cluster.host.alloc(self.name, TAG_REFERENCE, sum(self.policy_param_bytes_per_gpu()))
         await elapse(env, self._backup_seconds())
         self.initialized = True
         self.cluster.recorder.span(self.name, "init", t0, float(env.now))
@@ -169,8 +174,9 @@ class SimTrainer(ActorCostModel):
         return bool(batch.recompute_log_probs)  # decided once, by the batch builder
 
     async def _run_microbatches(self, batch: TrainBatch, step: int | None, *, backward: bool,
-                                label: str) -> None:
-        """Every DP rank runs its micro-batches concurrently; returns when the slowest is done."""
+                                label: str, resident: Sequence[int] | None = None) -> None:
+        """Every DP rank runs its micro-batches concurrently; returns when the slowest is done. `resident`:
+        bytes per actor GPU held in the activations' cache under this pass's own (a host-placed reference)."""
         lay = self.layout
         env = self.cluster.env
 
@@ -187,7 +193,11 @@ class SimTrainer(ActorCostModel):
                     nbytes = self.activation_bytes(tokens, lengths) * inflight + self.loss_transient_bytes(tokens)
                 else:  # forward only: logits for the log-softmax of this micro-batch
                     nbytes = int(self.model.logits_bytes_per_token(lay.tp) * tokens / lay.cp)
-                cache_at_least(self.allocator, positions, nbytes)
+                if resident is None:
+                    cache_at_least(self.allocator, positions, nbytes)
+                else:
+                    for p in positions:
+                        cache_at_least(self.allocator, [p], nbytes + resident[p])
                 fwd, bwd = self._microbatch_seconds(lengths, backward=backward)
                 await elapse(env, fwd + bwd)
                 busy += fwd + bwd
@@ -211,7 +221,15 @@ class SimTrainer(ActorCostModel):
     async def _ref_log_probs(self, rollout_id: int, batch: TrainBatch) -> float:
         env = self.cluster.env
         t0 = float(env.now)
-        await self._run_microbatches(batch, None, backward=False, label="compute_ref_log_prob")
+        resident = None
+        if self.reference_on_host:
+            # its weights come in through PyTorch's cache and are dropped there after: the cache holds them
+            # under this forward's logits, and the training's activations reuse the blocks
+            resident = self.policy_param_bytes_per_gpu()
+            for i, n in enumerate(resident):
+                cache_at_least(self.allocator, [i], n)
+            await elapse(env, self.reference_copy_seconds())
+        await self._run_microbatches(batch, None, backward=False, label="compute_ref_log_prob", resident=resident)
         self.cluster.recorder.span(self.name, "ref_log_probs", t0, float(env.now), rollout_id=rollout_id)
         return float(env.now) - t0
 
@@ -264,34 +282,7 @@ class SimTrainer(ActorCostModel):
         self.last_timings = timings
         self.cluster.recorder.span(self.name, "train", t_start, float(env.now), rollout_id=rollout_id,
                                    recompute_log_probs=recompute)
-        return self._metrics(rollout_id, batch, recompute, timings)
-
-    def _metrics(self, rollout_id: int, batch: TrainBatch, recomputed: bool,
-                 timings: dict[str, float]) -> TrainMetrics:
-        """Deterministic, plausible figures. The loss is exact for the first step (ratio 1, seed step 40):
-        the per-token mean of −advantage over loss-masked tokens; the rest is seeded noise."""
-        num = 0.0
-        tokens = 0
-        for adv, mask in zip(batch.rewards, batch.loss_masks, strict=True):
-            n = len(mask) - mask.count(0)  # C-speed count; masks hold 0/1
-            num += -adv * n
-            tokens += n
-        loss = num / tokens if tokens else 0.0
-        rng = random.Random(self.seed * 1_000_003 + rollout_id)
-        steps = batch.schedule.num_steps
-        clipfrac = 0.0 if steps == 1 else rng.uniform(0.0, 0.02) * (steps - 1) / steps
-        grad_norm = 0.5 * math.exp(rng.gauss(0.0, 0.25))
-        entropy = max(0.05, 0.6 * math.exp(-0.002 * rollout_id) + rng.gauss(0.0, 0.01))
-        flops = 3.0 * sum(self.model.sequence_flops(n) for n in batch.total_lengths)
-        if recomputed:
-            flops += flops / 3.0
-        extra = {f"perf/{k}": v for k, v in timings.items()}
-        train_time = timings.get("actor_train_time", 0.0) + timings.get("log_probs_time", 0.0)
-        if train_time > 0:
-            extra["perf/actor_train_tflops"] = flops / train_time / self.layout.world / 1e12
-        return TrainMetrics(rollout_id=rollout_id, loss=loss, pg_clipfrac=clipfrac, grad_norm=grad_norm,
-                            entropy=entropy, tokens=tokens, num_steps=steps, recomputed_log_probs=recomputed,
-                            extra=extra)
+        return _train_metrics(self, rollout_id, batch, recompute, timings)
 
     # --- weights ----------------------------------------------------------------------------------
     async def export_weights(self, bucket_bytes: int) -> AsyncIterator[WeightBucket]:
@@ -359,3 +350,31 @@ class SimTrainer(ActorCostModel):
         if path in self._checkpoints:
             return self._checkpoints[path] + 1
         return self.start_rollout_id
+
+
+def _train_metrics(trainer: SimTrainer, rollout_id: int, batch: TrainBatch, recomputed: bool,
+                   timings: dict[str, float]) -> TrainMetrics:
+    """Deterministic, plausible figures. The loss is exact for the first step (ratio 1, seed step 40):
+    the per-token mean of −advantage over loss-masked tokens; the rest is seeded noise."""
+    num = 0.0
+    tokens = 0
+    for adv, mask in zip(batch.rewards, batch.loss_masks, strict=True):
+        n = len(mask) - mask.count(0)  # C-speed count; masks hold 0/1
+        num += -adv * n
+        tokens += n
+    loss = num / tokens if tokens else 0.0
+    rng = random.Random(trainer.seed * 1_000_003 + rollout_id)
+    steps = batch.schedule.num_steps
+    clipfrac = 0.0 if steps == 1 else rng.uniform(0.0, 0.02) * (steps - 1) / steps
+    grad_norm = 0.5 * math.exp(rng.gauss(0.0, 0.25))
+    entropy = max(0.05, 0.6 * math.exp(-0.002 * rollout_id) + rng.gauss(0.0, 0.01))
+    flops = 3.0 * sum(trainer.model.sequence_flops(n) for n in batch.total_lengths)
+    if recomputed:
+        flops += flops / 3.0
+    extra = {f"perf/{k}": v for k, v in timings.items()}
+    train_time = timings.get("actor_train_time", 0.0) + timings.get("log_probs_time", 0.0)
+    if train_time > 0:
+        extra["perf/actor_train_tflops"] = flops / train_time / trainer.layout.world / 1e12
+    return TrainMetrics(rollout_id=rollout_id, loss=loss, pg_clipfrac=clipfrac, grad_norm=grad_norm,
+                        entropy=entropy, tokens=tokens, num_steps=steps, recomputed_log_probs=recomputed,
+                        extra=extra)

@@ -63,11 +63,13 @@ class ActorCostModel:
 
     def __init__(self, placement: ClusterConfig, parallel: ParallelConfig, model: ModelSpec, hardware: HardwareSpec,
                  num_gpus: int, *, recompute: Recompute | None = None, reference: bool = False,
-                 moe_load_imbalance: float | None = None) -> None:
+                 reference_on_host: bool = False, moe_load_imbalance: float | None = None) -> None:
         self.model = model
         # The KL loss's frozen reference model: a second bf16 copy of the model on each rank, in the params
-        # tag (vime/real/megatron/reference.py), so it sleeps and wakes with the policy's weights.
+        # tag (vime/real/megatron/reference.py), so it sleeps and wakes with the policy's weights; or, with
+        # --ref-placement host, in pinned host memory and on the GPU only for its forward.
         self.reference = reference
+        self.reference_on_host = reference and reference_on_host
         self.hw = hardware
         self.layout = Layout.of(placement, parallel, num_gpus)
         # (a pricing-only caller may pass a placement without the sleep options: a trainer that never sleeps)
@@ -121,7 +123,7 @@ class ActorCostModel:
     def state_bytes_per_gpu(self) -> dict[str, list[int]]:
         """Bytes per tag on each actor GPU when awake and idle: params, grads, optimizer."""
         params = self.params_per_gpu()
-        copies = 2 if self.reference else 1
+        copies = 2 if self.reference and not self.reference_on_host else 1
         return {
             "params": [p * PARAM_BYTES * copies for p in params],
             "grads": [p * self.grad_bytes for p in params],
@@ -145,6 +147,10 @@ class ActorCostModel:
     def policy_param_bytes_per_gpu(self) -> list[int]:
         """The policy's own weights on each actor GPU (the params tag without a reference model)."""
         return [p * PARAM_BYTES for p in self.params_per_gpu()]
+
+    def reference_copy_seconds(self) -> float:
+        """A host-placed reference's weights to every actor GPU at once (each rank its shard, its own link)."""
+        return max(self.policy_param_bytes_per_gpu(), default=0) / self.hw.h2d_bytes_per_s
 
     def optimizer_transient_per_gpu(self) -> list[int]:
         """Bytes the optimizer step allocates on each actor GPU on top of the state (its shard's)."""

@@ -19,6 +19,8 @@ TAG_WEIGHT_BUFFER = "weight_buffer"
 TAG_STEP_RESIDUE = "step_residue"
 #: Host tag of the CPU weight backup (seed step 41).
 TAG_WEIGHT_BACKUP = "weight_backup"
+#: Host tag of a KL reference kept in pinned host memory (--ref-placement host).
+TAG_REFERENCE = "reference"
 #: Bytes per parameter of the state that lives on each rank.
 PARAM_BYTES = 2  # bf16 model weights
 GRAD_BYTES = 4  # fp32 main grads (Megatron accumulates bf16 runs in fp32)
