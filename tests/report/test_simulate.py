@@ -165,6 +165,22 @@ def test_oom_verdict_names_gpu_tag_and_a_fix_that_the_simulator_confirms():
     assert "Verdict: OOM" in format_text(doc)
 
 
+def test_a_resident_trainers_kl_reference_is_offered_to_the_host_and_that_fix_is_simulated():
+    """Qwen3-8B, resident trainer with a KL loss at 0.5: the engines' KV lacks what the reference's copy takes."""
+    from vime.runs.fixes import check_fixes
+
+    flags = ["--model", "Qwen3-8B", "--no-offload-train", "--use-kl-loss", "--kl-loss-coef", "0.01",
+             "--gpu-memory-utilization", "0.5", "--num-rollout", "1"]
+    sim = simulate(parse_args(flags, command="simulate"))
+    assert not sim.fits and sim.oom.tag == "kv_cache"
+    fixes = check_fixes(sim)
+    assert any(f.startswith("keep the KL reference on the host (--ref-placement host") and ": fits" in f for f in fixes)
+    assert simulate(parse_args([*flags, "--ref-placement", "host"], command="simulate")).fits
+    # without a KL term there is no reference to move, and no such fix
+    plain = simulate(parse_args(["--model", "Qwen3-14B", "--num-rollout", "1"], command="simulate"))
+    assert not any("--ref-placement" in f for f in check_fixes(plain))
+
+
 def test_sweep_oom_rows_match_hand_computed_memory():
     """Qwen3-14B on 80 GB GPUs: at TP 1 each rank holds bf16 params + fp32 grads = 6 bytes × 14.8 B params
     ≈ 82.5 GiB > 79.65 GiB before any activation, so it must OOM; at TP 4 that is 20.6 GiB and it fits."""

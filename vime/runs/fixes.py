@@ -18,10 +18,16 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
     owner, tag = oom.owner, oom.tag
     trainer = owner.startswith(("trainer", "actor"))  # the simulator's trainer allocates as "actor"
     util = float(args.gpu_memory_utilization)
+    # a KL reference beside the policy is a whole bf16 model copy on each trainer GPU
+    ref_on_gpu = (args.use_kl_loss or args.kl_coef != 0) and args.ref_placement == "gpu"
+    ref_to_host = ("keep the KL reference on the host (--ref-placement host: copied in for its forward each step)",
+                   {"ref_placement": "host"})
     if owner.startswith("engine") or tag in ("kv_cache", "weights", "cuda_graph"):
         for u in (round(util - 0.1, 2), round(util - 0.2, 2), round(util - 0.3, 2)):
             if u >= 0.3:
                 out.append((f"lower --gpu-memory-utilization to {u}", {"gpu_memory_utilization": u}))
+        if ref_on_gpu and not args.offload_train:  # the resident trainer's copy is what the engines lack
+            out.append(ref_to_host)
         if not args.offload_train:
             out.append(("enable --offload-train (the trainer leaves the GPU while engines run)",
                         {"offload_train": True}))
@@ -32,6 +38,8 @@ def _candidate_fixes(args: Any, oom: OutOfMemoryError) -> list[tuple[str, dict[s
             out.append((f"lower --micro-batch-size to {m}", {"micro_batch_size": m}))
             m //= 2
     if trainer or tag in ("params", "grads", "optimizer"):
+        if ref_on_gpu:
+            out.append(ref_to_host)
         out += _expert_parallel_fixes(args)
         if not args.use_distributed_optimizer:
             out.append(("enable --use-distributed-optimizer (Adam state sharded over DP)",
