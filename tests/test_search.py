@@ -177,3 +177,20 @@ def test_a_disaggregated_search_chooses_the_async_mode_and_agrees_with_the_exhau
     assert best.changes["async_mode"] != "sync"  # overlapping rollout and training wins on split GPUs
     # a colocated run, or a mode given on the command line, keeps its mode
     assert search_mod.ASYNC_AXIS not in search_mod.search_axes(parse_args(SMALL, command="simulate"))
+
+
+def test_a_search_with_a_kl_reference_chooses_where_it_lives_and_agrees_with_the_exhaustive_run() -> None:
+    """With a KL term the search also tries the reference on the host (--ref-placement); it changes both sides
+    of the step, so the pruned winner must still be the exhaustive one."""
+    base = parse_args([*SMALL, "--use-kl-loss", "--kl-loss-coef", "0.01", "--no-offload-train", "--gpu-memory-utilization",
+                       "0.5"], command="simulate")
+    axes = search_mod.search_axes(base, (Axis("gpus", (1, 2)), Axis("micro_batch_size", (8, 1))))
+    assert axes[-1] == search_mod.REF_AXIS
+    points = grid(2, axes)
+    _, ranked, _ = run_search(base, points=points, workers=1, exhaustive=True)
+    fitting = [r for r in ranked if r.valid and r.fits]
+    assert {r.changes["ref_placement"] for r in fitting} == {"gpu", "host"}
+    want = min(fitting, key=lambda r: (r.t_step, search_mod._tie(r.changes)))
+    best, _, _ = run_search(base, points=points, workers=1)
+    assert best is not None and best.changes == want.changes and best.t_step == want.t_step
+    assert search_mod.REF_AXIS not in search_mod.search_axes(parse_args(SMALL, command="simulate"))

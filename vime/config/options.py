@@ -316,8 +316,10 @@ class OutputConfig:
     sweep: tuple[str, ...] = opt((), "sweep a flag over values, e.g. --sweep micro-batch-size=4,8,16 "
                                      "(repeatable: the cross product is simulated)",
                                  metavar="FLAG=V1,V2,...", commands=("simulate",), action="append")
-    search: str | None = opt(None, "search GPU count, TP, PP, GPUs per engine, micro-batch size and memory "
-                                   "utilisation (configurations that cannot fit or cannot beat the best so far "
+    search: str | None = opt(None, "search GPU count, TP, GPUs per engine, micro-batch size and memory "
+                                   "utilisation, and where they apply the expert-parallel size (MoE), the async "
+                                   "mode (--no-colocate) and the KL reference's placement "
+                                   "(configurations that cannot fit or cannot beat the best so far "
                                    "are pruned unsimulated) for the fastest step that fits (fastest), the fewest "
                                    "GPUs that meet --target-step-time (fewest-gpus), or the fewest GPU-seconds "
                                    "per sample (cheapest, within --target-step-time when given)",

@@ -58,6 +58,9 @@ EXPERT_AXIS = Axis("expert_model_parallel_size", (1, 2, 4, 8, 16, 32, 64), "trai
 #: Searched when the trainer and the engines have GPUs of their own (--no-colocate) and no mode was chosen:
 #: which of the seed's synchronous step and the two asynchronous modes is best (issue 22).
 ASYNC_AXIS = Axis("async_mode", ("sync", "one-step-off", "fully-async"), "both")
+#: Searched when the base has a KL term: the reference beside the policy or on the host. Both sides: on the host it
+#: lengthens the train phase by its copy, and a resident trainer's freed copy is room for the engines' KV.
+REF_AXIS = Axis("ref_placement", ("gpu", "host"), "both")
 #: Pruning rules, in the order they are tried.
 RULES = ("invalid", "memory", "target", "bound", "bound-after-one-step")
 #: The phases only the engines' options change, and the one only the trainer's options change.
@@ -78,8 +81,11 @@ def expert_count(base: Any) -> int:
 
 
 def search_axes(base: Any, axes: Sequence[Axis] = AXES) -> tuple[Axis, ...]:
-    """`axes`, with the expert-parallel size for a MoE model and the async mode for a disaggregated run."""
+    """`axes`, with the expert-parallel size for a MoE model, the async mode for a disaggregated run and the KL
+    reference's placement where there is one."""
     out = tuple(axes)
+    if (base.use_kl_loss or base.kl_coef != 0) and REF_AXIS not in out:
+        out = (*out, REF_AXIS)
     if expert_count(base) and EXPERT_AXIS not in out:
         out = (*out, EXPERT_AXIS)
     if not base.colocate and base.async_mode == "sync" and ASYNC_AXIS not in out:
