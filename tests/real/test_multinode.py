@@ -210,8 +210,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 # --------------------------------------------------------------------------------------------
 
 DRIVER = textwrap.dedent("""
-    import faulthandler, json, os, signal, sys
+    import faulthandler, json, os, select, signal, sys
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
+    # Ctrl-C may land on one of Ray's threads, which leaves a main thread blocked in read(2) asleep: the wakeup fd
+    # makes the select below return whichever thread took it, and the pending KeyboardInterrupt is raised then
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     from vime.config.options import ClusterConfig
     from vime.placement import plan_placement
     from vime.real.cluster import init_ray, reserve
@@ -232,10 +237,17 @@ DRIVER = textwrap.dedent("""
     try:
         fleet.start([spec, spec], timeout_s=60)
         report()
-        for line in sys.stdin:
-            if line.strip() == "restart engine1":
-                fleet.restart("engine1", timeout_s=60)
-                report()
+        while True:
+            ready, _, _ = select.select([sys.stdin, wake_r], [], [])
+            if wake_r in ready:
+                os.read(wake_r, 64)  # a signal other than SIGINT: drained, not a line
+            if sys.stdin in ready:
+                line = sys.stdin.readline()
+                if not line:
+                    break
+                if line.strip() == "restart engine1":
+                    fleet.restart("engine1", timeout_s=60)
+                    report()
     finally:
         fleet.stop_all()
         reserved.release()

@@ -312,3 +312,45 @@ def test_on_gpus_colocated_engines_start_and_sleep_before_the_trainer(fakes, mon
     assert [s.cuda_visible_devices for s in specs_seen] == [None]  # the fleet sets them from the bundles
     assert [e.detokenize for e in engines] == [False]
     _torn_down(fakes)
+
+
+def test_ctrl_c_handed_to_another_thread_still_wakes_the_run_loop() -> None:
+    """The kernel may give a run's SIGINT to one of Ray's threads: sent to a helper thread once the loop sleeps in
+    epoll with nothing due, it must still end that sleep at once (`signals_wake_the_loop`). Without the wakeup fd
+    the loop slept on until the bound below released it (checked when the fix was written)."""
+    import signal
+    import threading
+
+    from vime.runs.real import signals_wake_the_loop
+
+    woken, stuck = threading.Event(), []
+
+    def main_thread_asleep() -> bool:
+        stat = Path(f"/proc/self/task/{threading.main_thread().native_id}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "S"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        never, idle = loop.create_future(), threading.Event()
+
+        def ctrl_c_on_this_thread() -> None:
+            idle.wait()
+            while not main_thread_asleep():  # the loop has nothing due: it goes to sleep in epoll
+                os.sched_yield()
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            if not woken.wait(30):  # a bound for a hang, not a timing check
+                stuck.append(True)
+                loop.call_soon_threadsafe(lambda: never.done() or never.set_result(None))
+
+        with signals_wake_the_loop():
+            threading.Thread(target=ctrl_c_on_this_thread, daemon=True).start()
+            loop.call_soon(idle.set)
+            try:
+                await never
+            except asyncio.CancelledError:  # asyncio.run's SIGINT handler cancels the main task
+                woken.set()
+                raise
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    assert not stuck and woken.is_set()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from vime.errors import ConfigError
@@ -34,40 +37,68 @@ def run_real(args: Any, *, on_startup: Callable[[StartupReport], None] | None = 
             f"({exc}); install `vime[vllm,train]`, or run the loop on the simulator with --backend sim") from exc
 
     async def main() -> RunReport:
-        async with real_session(args) as session:
-            if on_placement is not None:
-                on_placement(session.placement)
-            replaced = wrap(session) if wrap is not None else {}
-            engines = replaced.get("engines", session.engines)
-            router = replaced.get("router", session.router)
-            trainer = replaced.get("trainer", session.trainer)
-            extra: list[Any] = []
-            faults = None
-            if getattr(args, "fault", ()):
-                from vime.real.faults import RealFaults
+        with signals_wake_the_loop():
+            async with real_session(args) as session:
+                if on_placement is not None:
+                    on_placement(session.placement)
+                replaced = wrap(session) if wrap is not None else {}
+                engines = replaced.get("engines", session.engines)
+                router = replaced.get("router", session.router)
+                trainer = replaced.get("trainer", session.trainer)
+                extra: list[Any] = []
+                faults = None
+                if getattr(args, "fault", ()):
+                    from vime.real.faults import RealFaults
 
-                faults = RealFaults(args, session)
-                (engines, router), extra = faults.wrap(list(engines), router), [faults]
-            rollout = build_rollout(args, router, num_engines=len(engines), tokenizer=session.tokenizer)
-            orch = build_orchestrator(args, engines=engines, router=router, trainer=trainer,
-                                      data_source=session.data_source, rollout=rollout,
-                                      eval_sources=session.eval_sources,
-                                      observers=[*session.observers, *observers, *extra])
-            steps: list[StepReport] = []
+                    faults = RealFaults(args, session)
+                    (engines, router), extra = faults.wrap(list(engines), router), [faults]
+                rollout = build_rollout(args, router, num_engines=len(engines), tokenizer=session.tokenizer)
+                orch = build_orchestrator(args, engines=engines, router=router, trainer=trainer,
+                                          data_source=session.data_source, rollout=rollout,
+                                          eval_sources=session.eval_sources,
+                                          observers=[*session.observers, *observers, *extra])
+                steps: list[StepReport] = []
 
-            def step_done(report: StepReport) -> None:
-                steps.append(report)
-                if on_step is not None:
-                    on_step(report)
-            try:
-                return await orch.run(on_startup=on_startup, on_step=step_done)
-            finally:
-                if faults is not None:
-                    await faults.close()
-                    if on_faults is not None:
-                        from vime.faults import fault_report
+                def step_done(report: StepReport) -> None:
+                    steps.append(report)
+                    if on_step is not None:
+                        on_step(report)
+                try:
+                    return await orch.run(on_startup=on_startup, on_step=step_done)
+                finally:
+                    if faults is not None:
+                        await faults.close()
+                        if on_faults is not None:
+                            from vime.faults import fault_report
 
-                        on_faults(fault_report(faults.log, steps, group_size=int(args.n_samples_per_prompt),
-                                               save=args.save))
+                            on_faults(fault_report(faults.log, steps, group_size=int(args.n_samples_per_prompt),
+                                                   save=args.save))
 
     return asyncio.run(main())
+
+
+@contextlib.contextmanager
+def signals_wake_the_loop() -> Iterator[None]:
+    """Ctrl-C wakes the running loop at once, whichever thread the kernel handed it to.
+
+    The kernel may deliver a process's SIGINT to one of Ray's or gRPC's threads; Python's C handler then only
+    flags it, and a main thread asleep in epoll (a long train call, nothing else due) would run the handler
+    at its next event. A wakeup fd the loop watches ends that sleep. Call it inside the running loop."""
+    loop = asyncio.get_running_loop()
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    loop.add_reader(r, _drain, r)
+    old = signal.set_wakeup_fd(w)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old)
+        loop.remove_reader(r)
+        os.close(r)
+        os.close(w)
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        os.read(fd, 512)
