@@ -11,7 +11,7 @@ import torch
 from vime.real.megatron import model as mmodel
 from vime.real.megatron.batches import MicroBatch, log_prob_micro_batches, run_schedule
 from vime.real.megatron.loss import TokenScorer, response_slice
-from vime.real.megatron.weights import load_hf_into
+from vime.real.megatron.weights import host_views, load_hf_into
 
 if TYPE_CHECKING:
     from vime.real.megatron.actor import ActorConfig
@@ -49,11 +49,14 @@ class ReferenceModel:
                     p.copy_(src[name])
         module.eval()
         self.module = module
-        #: --ref-placement host: each parameter's pinned host copy; the parameters point at these between uses
+        #: --ref-placement host: each parameter's host copy, views of one pinned buffer (as the weight backup's);
+        #: the parameters point at these between uses
         self.host: dict[str, torch.Tensor] = {}
         if self.on_host:
-            for name, p in module.named_parameters():
-                self.host[name] = p.detach().cpu().pin_memory() if not cpu else p.detach().clone()
+            named = list(module.named_parameters())
+            self.host = host_views([(n, p.detach()) for n, p in named], pinned=not cpu)
+            for name, p in named:
+                self.host[name].copy_(p.detach())
                 p.data = self.host[name]
         # pads the micro-batches as the policy's are padded (MoE layouts: batches.moe_widths)
         self.align = align
