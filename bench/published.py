@@ -129,6 +129,17 @@ def _capped_mean_response(mean: float, cap: int, sigma: float = 0.6) -> str:
         lo, hi = (mu, hi) if make_distribution(f"lognormal:{mu},{sigma}").mean(cap) < mean else (lo, mu)
     return f"lognormal:{(lo + hi) / 2:.4f},{sigma}"
 
+_NEMO_BF16_GRADS = (("--grad-reduce-in-bf16",), "NeMo-RL's grpo_math_1B.yaml (v0.4.0 and v0.5.0), which every performance "
+                                                "recipe extends, sets distributed_data_parallel_config.grad_reduce_in_fp32: "
+                                                "false: Megatron keeps and reduces the grads in bf16, half the plan's fp32")
+
+_NEMO_REF_HOST = (("--ref-placement", "host"), "NeMo-RL's Megatron worker keeps the reference's state dict in host memory "
+                                              "and swaps it into the model for the reference log-probs (use_reference_model, "
+                                              "megatron_policy_worker.py at v0.5.0), so no second copy sits on the GPU; vime "
+                                              "could not express it before --ref-placement host. NeMo copies three times "
+                                              "(policy out, reference in, policy back, pageable), vime once, pinned: the "
+                                              "reference's time here is a lower bound")
+
 
 def _nemo_generated(mean_gen: float, cap: int = 4096 - 2 * NEMO_PROMPT) -> tuple[tuple[str, ...], str]:
     """NeMo-RL's "G-Average Seq len" is the mean *generated* length (capped as generated), not prompt + response."""
@@ -149,17 +160,25 @@ MAP_REVISIONS: dict[str, tuple[dict[str, list[str]], str]] = {}
 _NEMO_TOKENS = ({"Tokens / sec / GPU": ["sequence_tokens_per_s_per_gpu"]},
                 "NeMo-RL divides total_num_tokens (every sample's prompt + response, its input_lengths) by the step "
                 "time and the GPUs; the plan divided the trained response tokens")
+_SLIME_REF_HOST = (("--ref-placement", "host"), "upstream vime's actor (slime's) keeps the reference in its pinned host weight "
+                                               "backup and restores it into the model for the reference log-probs, then the "
+                                               "actor's weights back (_switch_model; reference.json: 'ref weights swapped in "
+                                               "on the trainer'); vime could not express it before --ref-placement host, "
+                                               "which copies once where slime copies twice")
 REVISIONS: dict[str, list[tuple[tuple[str, ...], str]]] = {
-    "nemorl-v0.5-llama3.1-8b-16xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(1019)],
-    "nemorl-v0.5-llama3.1-8b-8xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(1066)],
-    "nemorl-v0.5-qwen3-32b-16xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(3253)],
-    "nemorl-v0.5-qwen3-32b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3251)],
-    "nemorl-v0.4-qwen3-30b-a3b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3154)],
-    "nemorl-v0.4-qwen3-235b-a22b-128xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(5671, 8192 - 2 * NEMO_PROMPT)],
-    "nemorl-v0.5-qwen3-30b-a3b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3196)],
-    "nemorl-v0.5-qwen3-30b-a3b-16xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(3198)],
-    "nemorl-v0.5-qwen3-235b-a22b-128xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(5700, 8192 - 2 * NEMO_PROMPT)],
-    "nemorl-v0.5-qwen3-235b-a22b-64xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(5711, 8192 - 2 * NEMO_PROMPT)],
+    "vime-442-1xl20-qwen3-0.6b-colocate-offload": [_SLIME_REF_HOST],
+    "vime-442-1xl20-qwen3-0.6b-colocate-no-offload-train": [_SLIME_REF_HOST],
+    "vime-244-h800x8-qwen3-4b-disaggregated-4t4r": [_SLIME_REF_HOST],
+    "nemorl-v0.5-llama3.1-8b-16xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(1019), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-llama3.1-8b-8xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(1066), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-qwen3-32b-16xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(3253), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-qwen3-32b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3251), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.4-qwen3-30b-a3b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3154), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.4-qwen3-235b-a22b-128xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(5671, 8192 - 2 * NEMO_PROMPT), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-qwen3-30b-a3b-32xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(3196), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-qwen3-30b-a3b-16xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(3198), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-qwen3-235b-a22b-128xh100-onpolicy": [_NEMO_SERIAL, _nemo_generated(5700, 8192 - 2 * NEMO_PROMPT), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
+    "nemorl-v0.5-qwen3-235b-a22b-64xgb200-onpolicy": [_NEMO_SERIAL, _nemo_generated(5711, 8192 - 2 * NEMO_PROMPT), _NEMO_BF16_GRADS, _NEMO_REF_HOST],
     "verl-fullyasync-colocate-fsdp2-32xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _SERIAL],
     "verl-fullyasync-colocate-fsdp2-128xh20-qwen2.5-math-7b": [_DAPO_PROMPT, _SERIAL],
     "verl-fullyasync-colocate-fsdp2-16xh20-qwen2.5-math-7b-10k": [_DAPO_PROMPT, _SERIAL],
