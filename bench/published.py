@@ -423,14 +423,16 @@ def compare(as_json: bool, after: str | None = None) -> int:
             rows.append({"id": rid, "metric": "-", "status": "no prediction or no measurement"})
             continue
         pred, meas = json.loads(pred_path.read_text()), json.loads(meas_path.read_text())
-        if not pred.get("fits"):
-            rows.append({"id": rid, "metric": "-", "status": "predicted OOM: " + pred.get("oom", "")[:80]})
-            continue
         later_path = ref.parent / _pred_name(after)
         later = json.loads(later_path.read_text()) if after and later_path.exists() else None
-        for metric, p in pred["predicted"].items():
+        if not pred.get("fits") and not (later and later.get("fits")):
+            rows.append({"id": rid, "metric": "-", "status": "predicted OOM: " + pred.get("oom", "")[:80]})
+            continue
+        # a pre-registered OOM whose later prediction fits: its metrics, "OOM" where the first prediction stands
+        metrics = pred["predicted"] if pred.get("fits") else dict.fromkeys(later["predicted"])
+        for metric, p in metrics.items():
             m = _measured_value(meas.get("figures", {}), metric)
-            err = None if m in (None, 0.0) else (p - m) / m
+            err = None if m in (None, 0.0) or p is None else (p - m) / m
             row = {"id": rid, "metric": metric, "measured": m, "predicted": p, "error": err,
                    "status": "ok" if m is not None else "no figure"}
             if later is not None and later.get("fits"):
@@ -451,7 +453,8 @@ def compare(as_json: bool, after: str | None = None) -> int:
             continue
         m = "-" if r["measured"] is None else f"{r['measured']:.2f}"
         tail = f" {r['after']:12.2f} {pct(r['error_after']):>8s}" if "after" in r else ""
-        print(f"{r['id']:58s} {r['metric'][:34]:34s} {m:>10s} {r['predicted']:10.2f} {pct(r['error']):>8s}{tail}")
+        p = "OOM" if r["predicted"] is None else f"{r['predicted']:.2f}"
+        print(f"{r['id']:58s} {r['metric'][:34]:34s} {m:>10s} {p:>10s} {pct(r['error']):>8s}{tail}")
     for key, label in (("error", "pre-registered"), ("error_after", f"after {after}")):
         errs = [abs(r[key]) for r in rows if r.get(key) is not None]
         if errs:
