@@ -100,6 +100,17 @@ def _nemo_moe(mean_seq: float, *, prompts: int, max_len: int, gbs: int) -> list[
             "--use-kl-loss", "--kl-loss-coef", "0.01", "--use-tis"]
 
 
+def _nemo_moe_layout(hardware: str, model: str, *, nodes: int, per_node: int, tp: int, ep: int, engine_tp: int,
+                     cp: int = 1, pp: int = 1, recompute: bool = False) -> list[str]:
+    """A NeMo-RL MoE row's hardware, model and parallel layout (the table's Generation and Training columns)."""
+    return ["--hardware", hardware, "--model", model, "--actor-num-nodes", str(nodes),
+            "--actor-num-gpus-per-node", str(per_node), "--tensor-model-parallel-size", str(tp),
+            *(["--context-parallel-size", str(cp)] if cp > 1 else []),
+            *(["--pipeline-model-parallel-size", str(pp)] if pp > 1 else []),
+            "--expert-model-parallel-size", str(ep), "--rollout-num-gpus-per-engine", str(engine_tp),
+            *(["--recompute-granularity", "full"] if recompute else [])]
+
+
 NEMO_MAP = {"Total Step time(s)": ["t_step"], "Tokens / sec / GPU": ["tokens_per_s_per_gpu"]}
 #: Inputs revised after the pre-registration, applied by `predict --after` (appended to the plan's words):
 #: what changed and why. No value is read off a reference's figures (`_nemo_generated` says what it used).
@@ -222,54 +233,42 @@ PLANS: dict[str, dict] = {
         "map": NEMO_MAP,
         "notes": []},
     "nemorl-v0.4-qwen3-30b-a3b-32xh100-onpolicy": {
-        "args": ["--hardware", "H100-SXM-80G", "--model", "Qwen3-30B-A3B", "--actor-num-nodes", "4",
-                 "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
-                 "--expert-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "4",
+        "args": [*_nemo_moe_layout("H100-SXM-80G", "Qwen3-30B-A3B", nodes=4, per_node=8, tp=2, ep=8, engine_tp=4),
                  *_nemo_moe(3154, prompts=64, max_len=4096, gbs=512)],
         "map": NEMO_MAP,
         "notes": ["MoE (issue 21): ETP 1, router imbalance 1.15 and grouped-GEMM efficiency 0.7 are vime defaults",
                   "predicted by the helper that read the table row (figures on the same line); nothing tuned on them"]},
     "nemorl-v0.4-qwen3-235b-a22b-128xh100-onpolicy": {
-        "args": ["--hardware", "H100-SXM-80G", "--model", "Qwen3-235B-A22B", "--actor-num-nodes", "16",
-                 "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
-                 "--context-parallel-size", "2", "--pipeline-model-parallel-size", "8",
-                 "--expert-model-parallel-size", "16", "--rollout-num-gpus-per-engine", "16",
-                 "--recompute-granularity", "full", *_nemo_moe(5671, prompts=16, max_len=8192, gbs=512)],
+        "args": [*_nemo_moe_layout("H100-SXM-80G", "Qwen3-235B-A22B", nodes=16, per_node=8, tp=2, cp=2, pp=8, ep=16,
+                                   engine_tp=16, recompute=True),
+                 *_nemo_moe(5671, prompts=16, max_len=8192, gbs=512)],
         "map": NEMO_MAP,
         "notes": ["MoE (issue 21): fp32 Adam moments in vime vs NeMo's precision-aware optimizer",
                   "predicted by the helper that read the table row (figures on the same line); nothing tuned on them"]},
     # The v0.5 MoE rows (session 22): the same rules as the v0.4 ones, the v0.5 recipes' parallel sizes.
     "nemorl-v0.5-qwen3-30b-a3b-32xh100-onpolicy": {
-        "args": ["--hardware", "H100-SXM-80G", "--model", "Qwen3-30B-A3B", "--actor-num-nodes", "4",
-                 "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "1",
-                 "--expert-model-parallel-size", "8", "--rollout-num-gpus-per-engine", "2",
+        "args": [*_nemo_moe_layout("H100-SXM-80G", "Qwen3-30B-A3B", nodes=4, per_node=8, tp=1, ep=8, engine_tp=2),
                  *_nemo_moe(3196, prompts=64, max_len=4096, gbs=512)],
         "map": NEMO_MAP,
         "notes": ["MoE: ETP 1, router imbalance 1.15 and grouped-GEMM efficiency 0.7 are vime defaults",
                   "figures seen while planning (one table row); nothing tuned on them"]},
     "nemorl-v0.5-qwen3-30b-a3b-16xgb200-onpolicy": {
-        "args": ["--hardware", "GB200", "--model", "Qwen3-30B-A3B", "--actor-num-nodes", "4",
-                 "--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "1",
-                 "--expert-model-parallel-size", "16", "--rollout-num-gpus-per-engine", "1",
+        "args": [*_nemo_moe_layout("GB200", "Qwen3-30B-A3B", nodes=4, per_node=4, tp=1, ep=16, engine_tp=1),
                  *_nemo_moe(3198, prompts=64, max_len=4096, gbs=512)],
         "map": NEMO_MAP,
         "notes": ["GB200 file is datasheet-only; EP 16 spans 4 nodes of one NVL72 rack, which vime prices as inter-node",
                   "figures seen while planning (one table row); nothing tuned on them"]},
     "nemorl-v0.5-qwen3-235b-a22b-128xh100-onpolicy": {
-        "args": ["--hardware", "H100-SXM-80G", "--model", "Qwen3-235B-A22B", "--actor-num-nodes", "16",
-                 "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
-                 "--context-parallel-size", "2", "--pipeline-model-parallel-size", "8",
-                 "--expert-model-parallel-size", "16", "--rollout-num-gpus-per-engine", "16",
-                 "--recompute-granularity", "full", *_nemo_moe(5700, prompts=16, max_len=8192, gbs=512)],
+        "args": [*_nemo_moe_layout("H100-SXM-80G", "Qwen3-235B-A22B", nodes=16, per_node=8, tp=2, cp=2, pp=8, ep=16,
+                                   engine_tp=16, recompute=True),
+                 *_nemo_moe(5700, prompts=16, max_len=8192, gbs=512)],
         "map": NEMO_MAP,
         "notes": ["the v0.4 row's configuration on the v0.5 release", "fp32 Adam moments in vime vs NeMo's precision-aware optimizer",
                   "figures seen while planning (one table row); nothing tuned on them"]},
     "nemorl-v0.5-qwen3-235b-a22b-64xgb200-onpolicy": {
-        "args": ["--hardware", "GB200", "--model", "Qwen3-235B-A22B", "--actor-num-nodes", "16",
-                 "--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "2",
-                 "--context-parallel-size", "2", "--pipeline-model-parallel-size", "4",
-                 "--expert-model-parallel-size", "16", "--rollout-num-gpus-per-engine", "8",
-                 "--recompute-granularity", "full", *_nemo_moe(5711, prompts=16, max_len=8192, gbs=512)],
+        "args": [*_nemo_moe_layout("GB200", "Qwen3-235B-A22B", nodes=16, per_node=4, tp=2, cp=2, pp=4, ep=16,
+                                   engine_tp=8, recompute=True),
+                 *_nemo_moe(5711, prompts=16, max_len=8192, gbs=512)],
         "map": NEMO_MAP,
         "notes": ["GB200 file is datasheet-only; groups spanning nodes of one NVL72 rack are priced as inter-node",
                   "figures seen while planning (one table row); nothing tuned on them"]},
