@@ -334,6 +334,8 @@ def test_ctrl_c_handed_to_another_thread_still_wakes_the_run_loop() -> None:
         never, idle = loop.create_future(), threading.Event()
 
         def ctrl_c_on_this_thread() -> None:
+            # a thread inherits its creator's signal mask: whatever an earlier test left blocked, this one takes SIGINT
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
             idle.wait()
             while not main_thread_asleep():  # the loop has nothing due: it goes to sleep in epoll
                 os.sched_yield()
@@ -351,6 +353,10 @@ def test_ctrl_c_handed_to_another_thread_still_wakes_the_run_loop() -> None:
                 woken.set()
                 raise
 
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(main())
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # asyncio.run installs its own over this one
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(main())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not stuck and woken.is_set()
