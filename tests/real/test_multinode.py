@@ -214,7 +214,9 @@ DRIVER = textwrap.dedent("""
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
     # Ctrl-C may land on one of Ray's threads, which leaves a main thread blocked in read(2) asleep: the wakeup fd
     # makes the select below return whichever thread took it, and the pending KeyboardInterrupt is raised then
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])  # a mask the test runner's thread left is inherited
+    # a mask, or an ignored SIGINT, that the test runner's process left is inherited: Ctrl-C must reach this driver
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
