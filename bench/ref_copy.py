@@ -46,7 +46,7 @@ def one(model: str, method: str) -> dict:
         end += b
     flat = torch.empty(end, dtype=torch.uint8, pin_memory=True)
     flat.fill_(1)
-    views = [flat[o:o + b].view(torch.bfloat16).view(s) for o, b, s in zip(offsets, sizes, shapes)]
+    views = [flat[o:o + b].view(torch.bfloat16).view(s) for o, b, s in zip(offsets, sizes, shapes, strict=True)]
     dev = torch.device("cuda")
     torch.empty(1, device=dev)  # the context, outside the timing
     torch.cuda.synchronize()
@@ -57,7 +57,7 @@ def one(model: str, method: str) -> dict:
             held = [v.to(dev, non_blocking=True) for v in views]
         elif method == "flat":
             g = flat.to(dev, non_blocking=True)
-            held = [g[o:o + b].view(torch.bfloat16).view(s) for o, b, s in zip(offsets, sizes, shapes)]
+            held = [g[o:o + b].view(torch.bfloat16).view(s) for o, b, s in zip(offsets, sizes, shapes, strict=True)]
         else:
             held = [torch.empty(s, dtype=torch.bfloat16, device=dev) for s in shapes]
         torch.cuda.synchronize()

@@ -124,3 +124,17 @@ def test_a_crafted_optimizer_checkpoint_is_refused_without_running_it(tmp_path):
     with pytest.raises(TrainerError, match="refused for safety"):
         read_optimizer_state(str(bad))
     assert not _Payload.ran
+
+
+def test_device_views_copy_one_host_buffer_whole_and_cut_it_the_same_way():
+    # a host-placed KL reference comes in as one buffer (one allocation, one transfer), not a copy per tensor
+    from vime.real.megatron.weights import device_views, host_views
+    src = [("a", torch.randn(3, 5).bfloat16()), ("b", torch.randn(7)), ("c", torch.randn(2, 2).half())]
+    host = host_views(src, pinned=False)
+    for name, t in src:
+        host[name].copy_(t)
+    there = device_views(host, torch.device("cpu"))
+    assert [(n, there[n].dtype, tuple(there[n].shape)) for n, _ in src] == [(n, t.dtype, tuple(t.shape)) for n, t in src]
+    assert all(torch.equal(there[n], t) for n, t in src)
+    with pytest.raises(ValueError, match="stray"):
+        device_views(host | {"stray": torch.zeros(2)}, torch.device("cpu"))

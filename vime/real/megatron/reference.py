@@ -11,7 +11,7 @@ import torch
 from vime.real.megatron import model as mmodel
 from vime.real.megatron.batches import MicroBatch, log_prob_micro_batches, run_schedule
 from vime.real.megatron.loss import TokenScorer, response_slice
-from vime.real.megatron.weights import host_views, load_hf_into
+from vime.real.megatron.weights import device_views, host_views, load_hf_into
 
 if TYPE_CHECKING:
     from vime.real.megatron.actor import ActorConfig
@@ -86,8 +86,8 @@ class ReferenceModel:
             return
         params = dict(self.module.named_parameters())
         try:
-            for name, host in self.host.items():
-                params[name].data = host.to(device, non_blocking=True)
+            for name, there in device_views(self.host, device).items():
+                params[name].data = there
             yield
         finally:
             for name, host in self.host.items():

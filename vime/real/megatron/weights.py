@@ -30,6 +30,21 @@ def host_views(tensors: Sequence[tuple[str, torch.Tensor]], *, pinned: bool) -> 
             for (name, t), o in zip(tensors, offsets, strict=True)}
 
 
+def device_views(views: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """`views` (all of one host buffer, as `host_views` cuts them) on `device` through one copy, cut the same way.
+
+    One allocation and one transfer: per-tensor copies each take a fresh caching-allocator block after a sleep."""
+    storage = next(iter(views.values())).untyped_storage()
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage).to(device, non_blocking=True)
+    out = {}
+    for name, t in views.items():
+        if t.untyped_storage().data_ptr() != storage.data_ptr():
+            raise ValueError(f"device_views: {name} is not a view of the same buffer as the others")
+        start = t.storage_offset() * t.element_size()
+        out[name] = whole[start: start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    return out
+
+
 class ActorWeights:
     """The weights of one rank of a built model: `model` is Megatron's DDP wrapper, `optimizer` its optimizer.
 
