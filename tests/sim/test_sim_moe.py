@@ -352,3 +352,32 @@ def test_slow_expert_gemms_run_under_the_cpu_floor_not_after_it():
     assert pass_seconds(0.7, short) == pytest.approx(pass_seconds(0.35, short), rel=1e-12)
     long = [4096] * 4  # GPU-bound: slower expert GEMMs lengthen the pass
     assert pass_seconds(0.05, long) > 1.5 * pass_seconds(0.7, long)
+
+
+@pytest.mark.parametrize(("name", "tp", "ep"), [("Qwen3-32B", 4, 1), ("Qwen3-30B-A3B", 1, 4)])
+def test_a_pipeline_slot_carries_one_stages_collectives_not_every_layers(name, tp, ep):
+    """A micro-batch's time is one pipeline slot: its compute is the stage's share (FLOPs over TP·PP), and so are its
+    sequence-parallel collectives and its MoE all-to-alls: PP 2 halves them (the 32B's TP-4 SP collectives were
+    counted for all 64 layers in every slot, pp× too many, before 2026-12-05)."""
+    import dataclasses
+
+    hw = load_hardware("H100-SXM-80G")
+    model = load_model(name)
+    lengths = [2048] * 4
+
+    def link_share(pp: int) -> float:
+        # the collectives' part of the slot: what a slower NVLink adds (nothing else in a slot uses it)
+        def fwd(scale: float) -> float:
+            spec = dataclasses.replace(hw, nvlink_bytes_per_s=hw.nvlink_bytes_per_s * scale)
+            placement = SimpleNamespace(actor_num_nodes=1, actor_num_gpus_per_node=tp * pp * ep)
+            parallel = SimpleNamespace(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                       context_parallel_size=1, use_distributed_optimizer=True,
+                                       recompute_granularity=None, expert_model_parallel_size=ep,
+                                       expert_tensor_parallel_size=None)
+            cm = ActorCostModel(placement, parallel, model, spec, tp * pp * ep)
+            return cm._microbatch_seconds(lengths, backward=False)[0]
+        return fwd(0.5) - fwd(1.0)
+
+    one, two = link_share(1), link_share(2)
+    assert one > 0
+    assert two == pytest.approx(one * math.ceil(model.num_layers / 2) / model.num_layers, rel=1e-6)

@@ -209,13 +209,9 @@ class ActorCostModel:
         return out
 
     # --- time ------------------------------------------------------------------------------------
-    def _forward_seconds(self, lengths: Sequence[int]) -> float:
-        """Forward of one micro-batch on its model-parallel group (the time of one stage × PP stages), log-probs only."""
-        return self._compute_and_comm(lengths, training=False)[0]
-
     def _compute_and_comm(self, lengths: Sequence[int], *, training: bool) -> tuple[float, float]:
-        """(forward, backward) of one micro-batch, each with the forward's TP collectives; `training`: a
-        training pass (its loss takes the entropy too), else a log-prob forward."""
+        """(forward, backward) of one micro-batch in one pipeline slot (the busiest stage's share), each with the
+        forward's TP collectives; `training`: a training pass (its loss takes the entropy too), else a log-prob forward."""
         lay = self.layout
         local = self.model.num_experts // self.ep if self.model.is_moe else 0
         e_fwd, a2a = self._moe_seconds(lengths) if self.model.is_moe else (0.0, 0.0)
@@ -227,9 +223,10 @@ class ActorCostModel:
         # the experts' slow GEMMs and the loss's traffic are GPU time: under the CPU floor, not after it
         extra = (e_fwd + l_fwd, self.hw.efficiency.train_backward_factor * e_fwd + l_bwd)
         fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local, extra)
-        # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward.
+        # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward; the result is one
+        # pipeline slot (compute over TP·PP ranks), so the busiest stage's layers, not all of them
         act = tokens * self.model.hidden_size * self.model.dtype_bytes
-        comm = 4 * self.model.layers_per_stage(lay.pp) * lay.pp * self.hw.allgather_seconds(
+        comm = 4 * self.model.layers_per_stage(lay.pp) * self.hw.allgather_seconds(
             act, lay.tp, inter_node=lay.tp_crosses_nodes)
         return fwd + a2a + comm, bwd + a2a + 2.0 * comm
 
@@ -239,7 +236,7 @@ class ActorCostModel:
         `compute_seconds` already counts the experts' FLOPs at the dense rate, spread evenly; the
         busiest EP rank gets `imbalance` × the mean tokens and its expert GEMMs run at
         `efficiency.train_expert_gemm_efficiency` of a dense GEMM, which adds expert time × (imbalance / efficiency − 1).
-        Each MoE layer sends every token's k copies out and back (sequence-parallel shards of
+        Each MoE layer of the busiest stage sends every token's k copies out and back (sequence-parallel shards of
         tokens / (TP · CP) per rank) over the EP group, which crosses nodes when ETP × EP does;
         the backward repeats the two all-to-alls."""
         lay, m = self.layout, self.model
@@ -248,7 +245,8 @@ class ActorCostModel:
         expert = moe.expert_flops_per_token(m) * tokens / (ranks * self.hw.train_flops)
         extra = expert * (self._imbalance() / self.hw.efficiency.train_expert_gemm_efficiency - 1.0)
         per_rank_tokens = tokens / (lay.tp * lay.cp)
-        a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=len(m.moe_layers),
+        busiest = max(m.moe_layers_in_stage(lay.pp, s) for s in range(lay.pp))  # one pipeline slot's MoE layers
+        a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=busiest,
                                            inter_node=self.ep * self.etp > lay.gpus_per_node)
         return extra, a2a * self._imbalance()
 
