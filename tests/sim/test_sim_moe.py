@@ -381,3 +381,17 @@ def test_a_pipeline_slot_carries_one_stages_collectives_not_every_layers(name, t
     one, two = link_share(1), link_share(2)
     assert one > 0
     assert two == pytest.approx(one * math.ceil(model.num_layers / 2) / model.num_layers, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-32B", "Qwen3-30B-A3B"])
+def test_a_pipeline_slots_fixed_costs_are_its_stages(name):
+    """The CPU floor per layer (and per local expert) and the kernels' fixed time of a slot are the busiest stage's:
+    a host-bound micro-batch (4 tokens) takes half the slot at PP 2 (the whole model's were charged every slot)."""
+    from vime.sim.trainer.costs import compute_seconds
+
+    hw, model = load_hardware("H200-141G-measured"), load_model(name)  # its CPU floor and kernel call time are measured
+    local = model.num_experts if model.is_moe else 0
+    one = compute_seconds(model, hw, [4], 1, local, pp=1)
+    two = compute_seconds(model, hw, [4], 2, local, pp=2)
+    assert one[0] > 3 * model.sequence_flops(4) / hw.train_flops  # the CPU floor holds the pass
+    assert two == pytest.approx((one[0] / 2, one[1] / 2), rel=1e-9)

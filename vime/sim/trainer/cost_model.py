@@ -222,7 +222,8 @@ class ActorCostModel:
                                                                                  training=training))
         # the experts' slow GEMMs and the loss's traffic are GPU time: under the CPU floor, not after it
         extra = (e_fwd + l_fwd, self.hw.efficiency.train_backward_factor * e_fwd + l_bwd)
-        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local, extra)
+        fwd, bwd = compute_seconds(self.model, self.hw, lengths, lay.tp * lay.pp * lay.cp, local, extra,
+                                   pp=lay.pp)
         # Sequence parallelism: 2 all-gathers + 2 reduce-scatters of tokens·h per layer forward; the result is one
         # pipeline slot (compute over TP·PP ranks), so the busiest stage's layers, not all of them
         act = tokens * self.model.hidden_size * self.model.dtype_bytes

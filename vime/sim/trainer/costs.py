@@ -7,6 +7,7 @@ the hardware profiles' `sources`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -126,8 +127,10 @@ def layer_width(model: ModelSpec) -> int:
 
 
 def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], ranks: int = 1,
-                    local_experts: int = 0, gpu_extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
-    """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only.
+                    local_experts: int = 0, gpu_extra: tuple[float, float] = (0.0, 0.0), *,
+                    pp: int = 1) -> tuple[float, float]:
+    """(forward, backward) of one micro-batch of sequences `lengths` over `ranks` = TP·PP·CP GPUs, compute only: one
+    pipeline slot of `pp` stages, so the fixed costs per layer (kernel calls, the CPU floor) are the busiest stage's.
 
     Flash attention (the default): FLOPs of `ModelSpec.sequence_flops` (causal) at train MFU,
     backward = `train_backward_factor` (2) × forward. Unfused attention (`software.train_attention = "unfused"`): the
@@ -161,17 +164,20 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
         fwd += matmul + elements * UNFUSED_SCORE_FWD_BYTES / stream
         bwd += hw.efficiency.train_backward_factor * matmul + elements * UNFUSED_SCORE_BWD_BYTES / stream
     eff = hw.efficiency
-    # each matmul kernel's fixed time (the whole model's, stage after stage) and the small kernels' traffic per token
-    calls = gemm_calls(model, hw.software.train_attention == "unfused") * eff.train_gemm_call_s
+    # each matmul kernel's fixed time (the busiest stage's share of the model's) and the small kernels' traffic per token
+    stage_layers = math.ceil(model.num_layers / pp)
+    stage_moe = max(model.moe_layers_in_stage(pp, s) for s in range(pp)) if model.moe_layers else 0
+    calls = (gemm_calls(model, hw.software.train_attention == "unfused") * eff.train_gemm_call_s
+             * stage_layers / model.num_layers)
     # (an eager stack's: a fused one's kernels do these copies and adds inside others)
     eager = hw.software.train_elementwise == "unfused"
     width = tokens * layer_width(model) * model.num_layers / ranks / stream if eager else 0.0
     fwd += calls + width * eff.train_width_bytes_fwd
     bwd += eff.train_backward_factor * calls + width * eff.train_width_bytes_bwd
     fwd, bwd = fwd + gpu_extra[0], bwd + gpu_extra[1]
-    experts = eff.train_host_s_per_expert * local_experts * len(model.moe_layers)
-    host_fwd = eff.train_host_fwd_s_per_layer * model.num_layers + experts
-    host_bwd = eff.train_host_bwd_s_per_layer * model.num_layers + experts
+    experts = eff.train_host_s_per_expert * local_experts * stage_moe
+    host_fwd = eff.train_host_fwd_s_per_layer * stage_layers + experts
+    host_bwd = eff.train_host_bwd_s_per_layer * stage_layers + experts
     if not hw.host_overlaps_compute:  # a CPU: the Python and the kernels it launches share the cores
         return fwd + host_fwd, bwd + host_bwd
     return max(fwd, host_fwd), max(bwd, host_bwd)
