@@ -222,6 +222,10 @@ class MoELayers:
         """MoE layers on pipeline `stage` of `pp`."""
         return self._moe_count(self._stage_layers(pp, stage))
 
+    def moe_layers_per_stage(self, pp: int = 1) -> int:
+        """MoE layers on the busiest pipeline stage of `pp` (one pipeline slot's)."""
+        return max(self.moe_layers_in_stage(pp, s) for s in range(pp))
+
     def num_active_params(self) -> int:
         """Parameters one token uses: all of a dense model's; a MoE layer's router, top-k and shared experts."""
         spec = cast("ModelSpec", self)

@@ -246,8 +246,7 @@ class ActorCostModel:
         expert = moe.expert_flops_per_token(m) * tokens / (ranks * self.hw.train_flops)
         extra = expert * (self._imbalance() / self.hw.efficiency.train_expert_gemm_efficiency - 1.0)
         per_rank_tokens = tokens / (lay.tp * lay.cp)
-        busiest = max(m.moe_layers_in_stage(lay.pp, s) for s in range(lay.pp))  # one pipeline slot's MoE layers
-        a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=busiest,
+        a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=m.moe_layers_per_stage(lay.pp),
                                            inter_node=self.ep * self.etp > lay.gpus_per_node)
         return extra, a2a * self._imbalance()
 

@@ -166,7 +166,7 @@ def compute_seconds(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], 
     eff = hw.efficiency
     # each matmul kernel's fixed time (the busiest stage's share of the model's) and the small kernels' traffic per token
     stage_layers = math.ceil(model.num_layers / pp)
-    stage_moe = max(model.moe_layers_in_stage(pp, s) for s in range(pp)) if model.moe_layers else 0
+    stage_moe = model.moe_layers_per_stage(pp)
     calls = (gemm_calls(model, hw.software.train_attention == "unfused") * eff.train_gemm_call_s
              * stage_layers / model.num_layers)
     # (an eager stack's: a fused one's kernels do these copies and adds inside others)
