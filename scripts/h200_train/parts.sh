@@ -14,7 +14,7 @@ shift
 budget() {
   # what travels with every call: tracked and untracked-not-ignored files (the device README's limit covers them too)
   local tree
-  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
   local b=$(( 64 * 1048576 - tree - 2 * 1048576 ))
   [ "$b" -gt 44040192 ] && b=44040192
   [ "$b" -lt 8388608 ] && { echo "the working tree ($tree bytes) leaves under 8 MiB a call for parts: ignore or move files" >&2; exit 4; }
