@@ -33,8 +33,8 @@ def host_views(tensors: Sequence[tuple[str, torch.Tensor]], *, pinned: bool) -> 
 def device_views(views: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """`views` (all of one host buffer, as `host_views` cuts them) on `device` through one copy, cut the same way.
 
-    One allocation and one transfer: per-tensor copies measured 0.67 s for the 4B's 7.5 GiB on the H200 where the
-    link takes 0.14 s (why, and whether this path closes the gap: bench/ref_copy.py, not yet run)."""
+    One allocation and one transfer. On the H200 this and per-tensor copies both run at the pinned link rate (4B's
+    7.5 GiB in 0.15 s, bench/data/ref_copy_s23); one buffer keeps the allocator from cutting 290 blocks."""
     storage = next(iter(views.values())).untyped_storage()
     whole = torch.empty(0, dtype=torch.uint8).set_(storage).to(device, non_blocking=True)
     out = {}
