@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Split a folder into parts that fit a device call beside the working tree, with a checksum list, and join them back (issues 9, 20).
 # One device call carries at most 64 MiB, so what must travel goes as parts, one or two per call.
+#   bash scripts/h200_train/parts.sh tree                                      the bytes every call carries beside its parts
 #   bash scripts/h200_train/parts.sh budget                                    the bytes one part may have: 64 MiB less the
 #                                                                              working tree and 2 MiB, at most 42 MiB
 #   bash scripts/h200_train/parts.sh pack   SRC_DIR PARTS_DIR PREFIX [BYTES]   tar of SRC_DIR's contents -> PREFIX-aa, -ab ...
@@ -11,10 +12,13 @@
 set -euo pipefail
 cmd=${1:?usage: parts.sh pack|verify|unpack ...}
 shift
-budget() {
+tree() {
   # what travels with every call: tracked and untracked-not-ignored files (the device README's limit covers them too)
+  (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'
+}
+budget() {
   local tree
-  tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  tree=$(tree)
   local b=$(( 64 * 1048576 - tree - 2 * 1048576 ))
   [ "$b" -gt 44040192 ] && b=44040192
   [ "$b" -lt 8388608 ] && { echo "the working tree ($tree bytes) leaves under 8 MiB a call for parts: ignore or move files" >&2; exit 4; }
@@ -22,6 +26,7 @@ budget() {
 }
 case "$cmd" in
   budget) budget ;;
+  tree) tree ;;
   resplit)
     dir=${1:?PARTS_DIR}; prefix=${2:?PREFIX}; sums=${3:?SUMS}; bytes=${4:-$(budget)}
     (cd "$dir" && awk '{print $2}' "$sums" | xargs cat) > "$dir/.joined"

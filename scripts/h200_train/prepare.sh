@@ -76,7 +76,7 @@ PY
 bash scripts/h200_train/parts.sh pack $X/stage $X/parts tr >/dev/null
 
 # 3. manifest and ship order -------------------------------------------------------------------------
-tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+tree_bytes=$(bash scripts/h200_train/parts.sh tree)
 python3 - "$tree_bytes" "${KIND:-nvidia-h200}" > $X/MANIFEST.txt <<'PY'
 """Sizes of everything that travels, and the device calls that carry it (first-fit decreasing)."""
 import sys
