@@ -1,0 +1,205 @@
+"""The experts' GEMMs of Qwen3 MoE layers on one GPU: grouped (`torch._grouped_mm`), one by one, and a dense GEMM of equal FLOPs.
+
+The simulator charges a MoE layer's expert FLOPs at `efficiency.train_expert_gemm_efficiency` (0.7 on every datasheet
+preset, an assumption for Megatron's grouped GEMM on Hopper) of its dense GEMM rate; the published MoE steps (NeMo-RL
+Qwen3-30B-A3B / 235B-A22B) come out 24-50 % short. This times, for one EP rank holding `experts` local experts that
+each receive `rows` routed tokens (balanced), the SwiGLU expert FFN's two products (fc1: h -> 2f, fc2: f -> h) in their
+forward, input-gradient and weight-gradient forms:
+  grouped   one `torch._grouped_mm` over all local experts (what Megatron's grouped GEMM / TE's grouped linear do)
+  loop      one matmul per expert (what vime's local-spec trainer does)
+  dense     one matmul of experts x rows tokens with the same K and N: equal FLOPs, no grouping
+and the whole expert block under autograd (`layer`: permute, grouped fc1, SwiGLU, grouped fc2, weighted unpermute,
+forward + backward) so the token-proportional work beside the GEMMs shows.
+    python bench/moe_gemm.py --out bench/data/moe_gemm/measured_<date>.json
+    python bench/moe_gemm.py --predict --out bench/data/moe_gemm/predicted_<date>.json   # the simulator's, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (hidden, expert ffn, experts, top-k) of the MoE presets
+SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8), "qwen3-235b-a22b": (4096, 1536, 128, 8)}
+LOCAL_EXPERTS = (8, 16)
+ROWS = (128, 256, 512, 1024, 2048, 4096)
+KINDS = ("fwd", "dgrad", "wgrad")
+
+
+def products(preset: str) -> dict[str, tuple[int, int]]:
+    """(K, N) of the expert FFN's two products."""
+    h, f, _, _ = SHAPES[preset]
+    return {"fc1": (h, 2 * f), "fc2": (f, h)}
+
+
+def cases():
+    for preset in SHAPES:
+        for experts in LOCAL_EXPERTS:
+            for rows in ROWS:
+                yield preset, experts, rows
+
+
+def _timer(repeat: int):
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def run(f) -> tuple[float, float]:
+        for _ in range(3):
+            f()
+        times = []
+        for _ in range(repeat):
+            start.record()
+            f()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        times.sort()
+        return times[len(times) // 2], times[0]
+    return run
+
+
+def gemm_calls(m: int, k: int, n: int, experts: int, dev):
+    """{impl: {kind: callable}} for one product of `experts` experts x `m` rows each, K = k, N = n."""
+    import torch
+
+    bf = torch.bfloat16
+    x = torch.randn(experts * m, k, device=dev, dtype=bf)
+    dy = torch.randn(experts * m, n, device=dev, dtype=bf)
+    w = torch.randn(experts, k, n, device=dev, dtype=bf) / k ** 0.5
+    wt = w.transpose(-2, -1)  # [E, N, K] view, the layout the backward multiplies by
+    offs = torch.arange(1, experts + 1, device=dev, dtype=torch.int32) * m
+    dense_w = w[0]
+    xs, dys = x.split(m), dy.split(m)
+    xt = x.t()
+    return {
+        "grouped": {"fwd": lambda: torch._grouped_mm(x, w, offs=offs),
+                    "dgrad": lambda: torch._grouped_mm(dy, wt, offs=offs),
+                    "wgrad": lambda: torch._grouped_mm(xt, dy, offs=offs)},
+        "loop": {"fwd": lambda: [a @ w[e] for e, a in enumerate(xs)],
+                 "dgrad": lambda: [g @ w[e].t() for e, g in enumerate(dys)],
+                 "wgrad": lambda: [a.t() @ g for a, g in zip(xs, dys)]},
+        "dense": {"fwd": lambda: x @ dense_w,
+                  "dgrad": lambda: dy @ dense_w.t(),
+                  "wgrad": lambda: xt @ dy},
+    }
+
+
+def layer_call(preset: str, experts: int, rows: int, dev):
+    """The expert block of one rank under autograd, forward + backward: permute the routed rows into expert order,
+    grouped fc1, SwiGLU, grouped fc2, scale by the router's weights, add back into token order."""
+    import torch
+
+    h, f, _, k = SHAPES[preset]
+    bf = torch.bfloat16
+    routed = experts * rows
+    tokens = routed // k if routed >= k else routed
+    x = torch.randn(tokens, h, device=dev, dtype=bf, requires_grad=True)
+    w1 = (torch.randn(experts, h, 2 * f, device=dev, dtype=bf) / h ** 0.5).requires_grad_()
+    w2 = (torch.randn(experts, f, h, device=dev, dtype=bf) / f ** 0.5).requires_grad_()
+    src = torch.randperm(routed, device=dev) % tokens  # which token each expert-ordered row comes from
+    probs = torch.rand(routed, 1, device=dev, dtype=bf)
+    offs = torch.arange(1, experts + 1, device=dev, dtype=torch.int32) * rows
+    grad = torch.randn(tokens, h, device=dev, dtype=bf)
+
+    def step():
+        a = x.index_select(0, src)
+        gu = torch._grouped_mm(a, w1, offs=offs)
+        g, u = gu.chunk(2, dim=-1)
+        y = torch._grouped_mm(torch.nn.functional.silu(g) * u, w2, offs=offs) * probs
+        out = torch.zeros(tokens, h, device=dev, dtype=bf).index_add(0, src, y)
+        out.backward(grad)
+        x.grad = w1.grad = w2.grad = None
+    return step
+
+
+def measure(repeat: int) -> list[dict]:
+    import torch
+
+    dev = torch.device("cuda")
+    run = _timer(repeat)
+    rows_out = []
+    for preset, experts, m in cases():
+        for prod, (k, n) in products(preset).items():
+            calls = gemm_calls(m, k, n, experts, dev)
+            flops = 2 * experts * m * k * n
+            for impl, kinds in calls.items():
+                for kind, fn in kinds.items():
+                    row = {"preset": preset, "experts": experts, "rows": m, "product": prod, "impl": impl,
+                           "kind": kind, "k": k, "n": n, "flops": flops}
+                    try:
+                        med, low = run(fn)
+                        row.update(median_s=med, min_s=low, tflops=flops / med / 1e12)
+                    except Exception as e:  # noqa: BLE001 -- a layout this torch refuses is a finding, not a crash
+                        row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    rows_out.append(row)
+            del calls
+        h, f, _, _ = SHAPES[preset]
+        flops = 3 * 2 * experts * m * (h * 2 * f + f * h)  # forward + two backward products of fc1 and fc2
+        row = {"preset": preset, "experts": experts, "rows": m, "product": "block", "impl": "layer",
+               "kind": "fwd+bwd", "flops": flops}
+        try:
+            med, low = run(layer_call(preset, experts, m, dev))
+            row.update(median_s=med, min_s=low, tflops=flops / med / 1e12)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows_out.append(row)
+        torch.cuda.empty_cache()
+    return rows_out
+
+
+def predict() -> list[dict]:
+    """The simulator's time for every grouped row: the FLOPs at the preset's expert efficiency x its GEMM rate, plus
+    one kernel's fixed time (`train_gemm_call_s`); the dense rows at the GEMM rate. Both H200 profiles are written:
+    the datasheet's 0.7 (what the published MoE rows use) and the measured profile's (fitted on vime's one-by-one
+    experts, so its grouped row is not a prediction of a grouped kernel)."""
+    sys.path.insert(0, str(ROOT))
+    from vime.sim.hardware import load_hardware
+
+    out = []
+    for name in ("H200-141G", "H200-141G-measured"):
+        hw = load_hardware(ROOT / "vime" / "sim" / "data" / "hardware" / f"{name}.json")
+        rate, eff = hw.train_flops, hw.efficiency.train_expert_gemm_efficiency
+        call = hw.efficiency.train_gemm_call_s
+        for preset, experts, m in cases():
+            for prod, (k, n) in products(preset).items():
+                flops = 2 * experts * m * k * n
+                for impl, r in (("grouped", rate * eff), ("dense", rate)):
+                    for kind in KINDS:
+                        t = flops / r + call
+                        out.append({"profile": name, "preset": preset, "experts": experts, "rows": m,
+                                    "product": prod, "impl": impl, "kind": kind, "k": k, "n": n, "flops": flops,
+                                    "median_s": t, "tflops": flops / t / 1e12})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--predict", action="store_true", help="write the simulator's rows instead (no GPU)")
+    args = ap.parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rows = predict() if args.predict else measure(args.repeat)
+    info: dict = {"what": __doc__.splitlines()[0], "predicted": args.predict, "rows": rows,
+                  "wall_s": time.perf_counter() - t0}
+    if not args.predict:
+        import torch
+        info["device"] = torch.cuda.get_device_name(0)
+        info["torch"] = torch.__version__
+    args.out.write_text(json.dumps(info, indent=1) + "\n")
+    for r in rows:
+        if r.get("impl") in ("grouped", "layer") and r["experts"] == 16 and r.get("profile", "H200-141G") == "H200-141G":
+            tf = f"{r['tflops']:6.1f} TFLOP/s" if "tflops" in r else r.get("error", "")
+            print(f"{r['preset']} E={r['experts']} rows={r['rows']} {r['product']} {r['impl']} {r['kind']}: {tf}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
