@@ -12,6 +12,7 @@ and the whole expert block under autograd (`layer`: permute, grouped fc1, SwiGLU
 forward + backward) so the token-proportional work beside the GEMMs shows.
     python bench/moe_gemm.py --out bench/data/moe_gemm/measured_<date>.json
     python bench/moe_gemm.py --predict --out bench/data/moe_gemm/predicted_<date>.json   # the simulator's, no GPU
+    python bench/moe_gemm.py --report bench/data/moe_gemm/measured_<date>.json            # the ratios, per case
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def gemm_calls(m: int, k: int, n: int, experts: int, dev):
                     "wgrad": lambda: torch._grouped_mm(xt, dy, offs=offs)},
         "loop": {"fwd": lambda: [a @ w[e] for e, a in enumerate(xs)],
                  "dgrad": lambda: [g @ w[e].t() for e, g in enumerate(dys)],
-                 "wgrad": lambda: [a.t() @ g for a, g in zip(xs, dys)]},
+                 "wgrad": lambda: [a.t() @ g for a, g in zip(xs, dys, strict=True)]},
         "dense": {"fwd": lambda: x @ dense_w,
                   "dgrad": lambda: dy @ dense_w.t(),
                   "wgrad": lambda: xt @ dy},
@@ -178,12 +179,46 @@ def predict() -> list[dict]:
     return out
 
 
+def report(path: Path, dense_rate: float) -> str:
+    """Per case: grouped TFLOP/s (fc1 + fc2, forward + both gradients), grouped / dense of equal FLOPs, grouped /
+    `dense_rate` (the simulator's GEMM rate), one-by-one / grouped time, and the whole block's time over the grouped
+    GEMMs' alone."""
+    rows = json.loads(path.read_text())["rows"]
+    by: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if "median_s" in r:
+            d = by.setdefault((r["preset"], r["experts"], r["rows"]), {})
+            d[r["impl"]] = d.get(r["impl"], 0.0) + r["median_s"]
+            d["flops_" + r["impl"]] = d.get("flops_" + r["impl"], 0.0) + r["flops"]
+    lines = [f"{'preset':16} {'E':>3} {'rows':>5} {'grouped TF/s':>12} {'/dense':>7} {'/rate':>6} {'loop/gr':>8} {'block/gr':>9}"]
+    for (preset, e, m), d in sorted(by.items()):
+        if "grouped" not in d:
+            continue
+        tf = d["flops_grouped"] / d["grouped"] / 1e12
+        cells = [f"{tf:12.1f}", f"{d['dense'] / d['grouped']:7.2f}" if "dense" in d else f"{'-':>7}",
+                 f"{tf * 1e12 / dense_rate:6.2f}",
+                 f"{d['loop'] / d['grouped']:8.2f}" if "loop" in d else f"{'-':>8}",
+                 f"{d['layer'] / d['grouped']:9.2f}" if "layer" in d else f"{'-':>9}"]
+        lines.append(f"{preset:16} {e:3d} {m:5d} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--report", type=Path, help="print the ratios of a measured file instead")
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--predict", action="store_true", help="write the simulator's rows instead (no GPU)")
     args = ap.parse_args(argv)
+    if args.report:
+        sys.path.insert(0, str(ROOT))
+        from vime.sim.hardware import load_hardware
+
+        hw = load_hardware(ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json")
+        print(report(args.report, hw.train_flops))
+        return 0
+    if args.out is None:
+        ap.error("--out is required unless --report")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows = predict() if args.predict else measure(args.repeat)
