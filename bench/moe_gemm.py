@@ -156,14 +156,14 @@ def measure(repeat: int) -> list[dict]:
 
 def predict() -> list[dict]:
     """The simulator's time for every grouped row: the FLOPs at the preset's expert efficiency x its GEMM rate, plus
-    one kernel's fixed time (`train_gemm_call_s`); the dense rows at the GEMM rate. Both H200 profiles are written:
+    one kernel's fixed time (`train_gemm_call_s`); the dense rows at the GEMM rate. Both H200 profiles and the H100 are written:
     the datasheet's 0.7 (what the published MoE rows use) and the measured profile's (fitted on vime's one-by-one
     experts, so its grouped row is not a prediction of a grouped kernel)."""
     sys.path.insert(0, str(ROOT))
     from vime.sim.hardware import load_hardware
 
     out = []
-    for name in ("H200-141G", "H200-141G-measured"):
+    for name in ("H200-141G", "H200-141G-measured", "H100-SXM-80G"):
         hw = load_hardware(ROOT / "vime" / "sim" / "data" / "hardware" / f"{name}.json")
         rate, eff = hw.train_flops, hw.efficiency.train_expert_gemm_efficiency
         call = hw.efficiency.train_gemm_call_s
