@@ -23,7 +23,7 @@
 #   RESPONSE_LEN (default 1024): the response cap, which every response reaches (no EOS)
 #   QUIET       1: no nvidia-smi or /metrics sampling during the run (no memory comparison then)
 #   PREP_TESTS  0: prep without the GPU unit tests (a machine re-prepared mid-lease)
-#   NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
+#   HARDWARE (the profile `vime simulate` gets; default H200-141G-measured), NUM_ROLLOUT (default 3), TRAIN_TIMEOUT (s, default 520), EXTRA_ARGS (appended to both commands),
 #   TAG         name of this run's outputs (default $MODEL-$OFFLOAD-${GPUS}g)
 # Output ($OUT): $TAG.txt (compare's table and the run's last log lines) and $TAG.tgz with train.jsonl (the
 # JSON step reports, with wall_time), train_stderr.log, gpu_mem.csv (epoch,gpu,used MiB), gpu_procs.csv (epoch,pid,used MiB), sim.json,
@@ -72,7 +72,7 @@ run_args() {
   )
   # simulator inputs: `vime train --backend real` refuses them (they would act only with --compare-sim)
   SIM_ONLY=(
-    --model "$1/config.json" --hardware H200-141G-measured
+    --model "$1/config.json" --hardware "${HARDWARE:-H200-141G-measured}"
     --response-length "fixed:${RESPONSE_LEN:-1024}"
   )
   ARGS=("${COMMON[@]}" "${SIM_ONLY[@]}" --json)  # what `vime simulate` gets
