@@ -30,11 +30,32 @@ def mats(preset: str) -> dict[str, tuple[int, int]]:
     return {"qkv": (h, (heads + 2 * kv) * hd), "o": (heads * hd, h), "gate_up": (h, 2 * ffn), "down": (ffn, h)}
 
 
+def cuda_timer(repeat: int):
+    """f -> (median, min) seconds of `repeat` CUDA-event-timed calls of f after 3 warm-up calls."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def run(f) -> tuple[float, float]:
+        for _ in range(3):
+            f()
+        times = []
+        for _ in range(repeat):
+            start.record()
+            f()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        times.sort()
+        return times[len(times) // 2], times[0]
+    return run
+
+
 def measure(repeat: int) -> list[dict]:
     import torch
 
     dev = torch.device("cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    run = cuda_timer(repeat)
     rows = []
     for preset in SHAPES:
         for op, (k, n) in mats(preset).items():
@@ -46,19 +67,9 @@ def measure(repeat: int) -> list[dict]:
                          "dgrad": lambda dy=dy, w=w: dy @ w,          # [m, k]
                          "wgrad": lambda dy=dy, x=x: dy.t() @ x}      # [n, k]
                 for kind, f in kinds.items():
-                    for _ in range(3):
-                        f()
-                    times = []
-                    for _ in range(repeat):
-                        start.record()
-                        f()
-                        end.record()
-                        end.synchronize()
-                        times.append(start.elapsed_time(end) / 1e3)
-                    times.sort()
-                    med = times[len(times) // 2]
+                    med, low = run(f)
                     rows.append({"preset": preset, "op": op, "kind": kind, "m": m, "k": k, "n": n,
-                                 "median_s": med, "min_s": times[0], "tflops": 2 * m * k * n / med / 1e12})
+                                 "median_s": med, "min_s": low, "tflops": 2 * m * k * n / med / 1e12})
                 del x, dy
             del w
     return rows
@@ -76,6 +87,19 @@ def predict() -> list[dict]:
             for p in SHAPES for op, (k, n) in mats(p).items() for m in TOKENS for kind in ("fwd", "dgrad", "wgrad")]
 
 
+def write_rows(out: Path, what: str, predicted: bool, make) -> list[dict]:
+    """Time `make()`, write its rows to `out` as JSON with the device and torch when measured; the rows."""
+    t0 = time.perf_counter()
+    rows = make()
+    info: dict = {"what": what, "predicted": predicted, "rows": rows, "wall_s": time.perf_counter() - t0}
+    if not predicted:
+        import torch
+        info["device"] = torch.cuda.get_device_name(0)
+        info["torch"] = torch.__version__
+    out.write_text(json.dumps(info, indent=1) + "\n")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -83,15 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict", action="store_true", help="write the simulator's rows instead (no GPU)")
     args = ap.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    rows = predict() if args.predict else measure(args.repeat)
-    info: dict = {"what": __doc__.splitlines()[0], "predicted": args.predict, "rows": rows,
-                  "wall_s": time.perf_counter() - t0}
-    if not args.predict:
-        import torch
-        info["device"] = torch.cuda.get_device_name(0)
-        info["torch"] = torch.__version__
-    args.out.write_text(json.dumps(info, indent=1) + "\n")
+    rows = write_rows(args.out, __doc__.splitlines()[0], args.predict, predict if args.predict else
+                      lambda: measure(args.repeat))
     for r in rows[:: 15 if len(rows) > 30 else 1]:
         print(f"{r['preset']} {r['op']} {r['kind']} m={r['m']}: {r['median_s'] * 1e6:8.1f} us {r['tflops']:6.1f} TFLOP/s")
     return 0

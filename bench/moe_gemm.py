@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,26 +42,6 @@ def cases():
         for experts in LOCAL_EXPERTS:
             for rows in ROWS:
                 yield preset, experts, rows
-
-
-def _timer(repeat: int):
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def run(f) -> tuple[float, float]:
-        for _ in range(3):
-            f()
-        times = []
-        for _ in range(repeat):
-            start.record()
-            f()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        times.sort()
-        return times[len(times) // 2], times[0]
-    return run
 
 
 def gemm_calls(m: int, k: int, n: int, experts: int, dev):
@@ -123,7 +102,10 @@ def measure(repeat: int) -> list[dict]:
     import torch
 
     dev = torch.device("cuda")
-    run = _timer(repeat)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gemm_train_sweep import cuda_timer  # noqa: PLC0415 - the same CUDA-event timing as the dense sweep
+
+    run = cuda_timer(repeat)
     rows_out = []
     for preset, experts, m in cases():
         for prod, (k, n) in products(preset).items():
@@ -220,15 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         ap.error("--out is required unless --report")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    rows = predict() if args.predict else measure(args.repeat)
-    info: dict = {"what": __doc__.splitlines()[0], "predicted": args.predict, "rows": rows,
-                  "wall_s": time.perf_counter() - t0}
-    if not args.predict:
-        import torch
-        info["device"] = torch.cuda.get_device_name(0)
-        info["torch"] = torch.__version__
-    args.out.write_text(json.dumps(info, indent=1) + "\n")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gemm_train_sweep import write_rows  # noqa: PLC0415 - the dense sweep's file format
+
+    rows = write_rows(args.out, __doc__.splitlines()[0], args.predict, predict if args.predict else
+                      lambda: measure(args.repeat))
     for r in rows:
         if r.get("impl") in ("grouped", "layer") and r["experts"] == 16 and r.get("profile", "H200-141G") == "H200-141G":
             tf = f"{r['tflops']:6.1f} TFLOP/s" if "tflops" in r else r.get("error", "")
