@@ -12,7 +12,7 @@ and the whole expert block under autograd (`layer`: permute, grouped fc1, SwiGLU
 forward + backward) so the token-proportional work beside the GEMMs shows.
     python bench/moe_gemm.py --out bench/data/moe_gemm/measured_<date>.json
     python bench/moe_gemm.py --predict --out bench/data/moe_gemm/predicted_<date>.json   # the simulator's, no GPU
-    python bench/moe_gemm.py --report bench/data/moe_gemm/measured_<date>.json            # the ratios, per case
+    python bench/moe_gemm.py --report bench/data/moe_gemm/measured_<date>.json [--rate-profile H100-SXM-80G]  # ratios
 """
 
 from __future__ import annotations
@@ -108,6 +108,15 @@ def measure(repeat: int) -> list[dict]:
     from gemm_train_sweep import cuda_timer  # noqa: PLC0415 - the same CUDA-event timing as the dense sweep
 
     run = cuda_timer(repeat)
+
+    def timed(row: dict, fn) -> dict:
+        """`row` with fn's median and min time and rate, or the error a layout this torch refuses gives (a finding)."""
+        try:
+            med, low = run(fn)
+        except Exception as e:  # noqa: BLE001
+            return {**row, "error": f"{type(e).__name__}: {e}"[:300]}
+        return {**row, "median_s": med, "min_s": low, "tflops": row["flops"] / med / 1e12}
+
     rows_out = []
     for preset, experts, m in cases():
         for prod, (k, n) in products(preset).items():
@@ -115,25 +124,13 @@ def measure(repeat: int) -> list[dict]:
             flops = 2 * experts * m * k * n
             for impl, kinds in calls.items():
                 for kind, fn in kinds.items():
-                    row = {"preset": preset, "experts": experts, "rows": m, "product": prod, "impl": impl,
-                           "kind": kind, "k": k, "n": n, "flops": flops}
-                    try:
-                        med, low = run(fn)
-                        row.update(median_s=med, min_s=low, tflops=flops / med / 1e12)
-                    except Exception as e:  # noqa: BLE001 -- a layout this torch refuses is a finding, not a crash
-                        row["error"] = f"{type(e).__name__}: {e}"[:300]
-                    rows_out.append(row)
+                    rows_out.append(timed({"preset": preset, "experts": experts, "rows": m, "product": prod,
+                                           "impl": impl, "kind": kind, "k": k, "n": n, "flops": flops}, fn))
             del calls
         h, f, _, _ = SHAPES[preset]
         flops = 3 * 2 * experts * m * (h * 2 * f + f * h)  # forward + two backward products of fc1 and fc2
-        row = {"preset": preset, "experts": experts, "rows": m, "product": "block", "impl": "layer",
-               "kind": "fwd+bwd", "flops": flops}
-        try:
-            med, low = run(layer_call(preset, experts, m, dev))
-            row.update(median_s=med, min_s=low, tflops=flops / med / 1e12)
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
-        rows_out.append(row)
+        rows_out.append(timed({"preset": preset, "experts": experts, "rows": m, "product": "block", "impl": "layer",
+                               "kind": "fwd+bwd", "flops": flops}, layer_call(preset, experts, m, dev)))
         torch.cuda.empty_cache()
     return rows_out
 
@@ -191,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report", type=Path, help="print the ratios of a measured file instead")
+    ap.add_argument("--rate-profile", default="H200-141G-measured",
+                    help="with --report: the profile whose dense GEMM rate the /rate column divides by (H100: a file "
+                         "built from bench/data/h100_calibration_s25, or a preset)")
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--predict", action="store_true", help="write the simulator's rows instead (no GPU)")
     args = ap.parse_args(argv)
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
         from vime.sim.hardware import load_hardware
 
-        hw = load_hardware(ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json")
+        hw = load_hardware(args.rate_profile)
+        print(f"/rate: over {hw.name}'s dense training rate, {hw.train_flops / 1e12:.0f} TFLOP/s")
         print(report(args.report, hw.train_flops))
         return 0
     if args.out is None:
