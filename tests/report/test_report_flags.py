@@ -120,7 +120,7 @@ def test_sweep_report_is_written_and_a_bool_sweep_prints_valid_train_words(tmp_p
 
 def test_compare_sim_arguments_take_the_model_from_the_checkpoint_and_the_gpu_name(tmp_path: Path) -> None:
     assert hardware_for(["NVIDIA H200"]) == "H200-141G-measured"
-    assert hardware_for(["NVIDIA H100 80GB HBM3"]) == "H100-SXM-80G"
+    assert hardware_for(["NVIDIA H100 80GB HBM3"]) == "H100-SXM-80G-measured"
     assert hardware_for(["Some Other GPU"]) is None
     ckpt = tmp_path / "model"
     ckpt.mkdir()

@@ -17,9 +17,9 @@ from vime.report.recorder import HOST, Recorder
 
 GiB = 1024**3
 
-#: NVML device names (substrings) → the hardware preset that models that GPU; the measured H200 profile
-#: rather than its datasheet (`bench/data/h200_notes.md`).
-GPU_PRESETS = (("H200", "H200-141G-measured"), ("H100", "H100-SXM-80G"), ("A100", "A100-80G"), ("B200", "B200"),
+#: NVML device names (substrings) → the hardware preset that models that GPU running vime's own stack: the measured
+#: H200 and H100 profiles rather than their datasheets (`bench/data/h200_notes.md`).
+GPU_PRESETS = (("H200", "H200-141G-measured"), ("H100", "H100-SXM-80G-measured"), ("A100", "A100-80G"), ("B200", "B200"),
                ("L20", "L20"))
 
 

@@ -1,0 +1,93 @@
+"""Builds the H100-SXM-80G-measured preset: vime's own stack on an H100, from the session-25 hypothesis profile and the H100's own GEMM sweep.
+
+    python bench/h100_measured_preset.py           # write vime/sim/data/hardware/H100-SXM-80G-measured.json
+    python bench/h100_measured_preset.py --check   # exit 1 unless the committed preset is what this builds
+
+The hypothesis (`bench/data/h100_calibration_s25/H100-vime-stack.json`, committed before any H100 whole step) is the
+H200-141G-measured profile, i.e. vime's local-spec Megatron and vLLM 0.25.1 fitted on an H200, with every chip field a
+lent H100 measured (memory, GEMM peak, HBM copy, host link, decode and prefill, VMM and pinning, eager launches). Its
+whole-step prediction of the 0.6B micro-batch-4 run held on the H100 (T_step -5.8 %, the actor's pass 0.0 %,
+peak memory +1.1 %: `bench/data/h200_notes.md`, twenty-sixth session). The preset adds the two chip fields the
+hypothesis had left at the H200's: the dense GEMM rate and the fixed time per matmul kernel from the H100's own
+`bench/gemm_train_sweep.py` rows. The trainer's host floors, the engine's software costs and the calibration spread stay
+the H200's (same host class, same software); their sources say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from calibrate import _fit_gemm  # noqa: E402
+
+DATA = ROOT / "bench" / "data" / "h100_calibration_s25"
+HYPOTHESIS = DATA / "H100-vime-stack.json"
+SWEEP = DATA / "h100_gemm_train_sweep_2026-12-05s25.json"
+RAW = DATA / "h100_calibration.json"
+DATASHEET = ROOT / "vime" / "sim" / "data" / "hardware" / "H100-SXM-80G.json"
+PRESET = ROOT / "vime" / "sim" / "data" / "hardware" / "H100-SXM-80G-measured.json"
+NAME = "H100-SXM-80G-measured"
+# the fields the H100 measured itself (the hypothesis's sources start "H100:") or the preset fits here
+OWN_PREFIX = "H100:"
+
+
+def build() -> dict:
+    prof = json.loads(HYPOTHESIS.read_text())
+    sheet = json.loads(DATASHEET.read_text())
+    env = json.loads(RAW.read_text())["env"]
+    sweep = json.loads(SWEEP.read_text())
+    rate, call = _fit_gemm(sweep["rows"])
+    prof["name"] = NAME
+    prof["description"] = (
+        "NVIDIA H100 80GB HBM3 running vime's own stack (local-spec Megatron-core without TransformerEngine, vLLM "
+        "0.25.1 with CUDA graphs): the chip as measured on one lent H100 (2026-12-05), the software's costs as measured "
+        "on the H200 (the same GH100 die and host class); held out on one H100 whole step (bench/h100_measured_preset.py)")
+    prof["provenance"] = {
+        "machine": f"{env['gpu']} ({env['nvidia_smi']}), sm_count {env['sm_count']}, capability {env['capability']}, "
+                   f"host '{env['host']}' with {env['cpu_count']} CPUs and {env['meminfo_total']} B RAM",
+        "driver": env["driver"],
+        "software": f"torch {env['torch']} (CUDA {env['torch_cuda']}), Python {env['python']}",
+        "date": f"{env['date']} (calibrate.py, gemm_train_sweep.py); the whole step 2026-12-05 14:03 UTC",
+        "command": f"{env['command']}; bench/gemm_train_sweep.py --out bench/data/h100_calibration_s25/{SWEEP.name}",
+        "derived": f"python bench/h100_measured_preset.py (from {HYPOTHESIS.relative_to(ROOT)}, the pre-registered "
+                   f"hypothesis, and the GEMM fit of {SWEEP.relative_to(ROOT)})",
+    }
+    eff, src = prof["efficiency"], prof["sources"]
+    eff["train_mfu"] = rate / prof["bf16_flops"]
+    eff["train_gemm_call_s"] = call
+    rows = f"{len(sweep['rows'])} GEMMs of bench/gemm_train_sweep.py on an {sweep['device']} (torch {sweep['torch']})"
+    src["efficiency.train_mfu"] = (f"{OWN_PREFIX} fit: the dense GEMM rate ({rate / 1e12:.0f} TFLOP/s over bf16_flops), "
+                                   f"t = FLOPs / rate + a fixed time per kernel, least squares of the relative error, "
+                                   f"{rows}, {SWEEP.relative_to(ROOT)}")
+    src["efficiency.train_gemm_call_s"] = (f"{OWN_PREFIX} fit with train_mfu: the fixed time per matmul kernel "
+                                           f"({call * 1e6:.1f} us), {rows}, {SWEEP.relative_to(ROOT)}")
+    for key in ("nvlink_bytes_per_s", "internode_bytes_per_s"):  # the H100 board's datasheet, not the H200's
+        src[key] = sheet["sources"][key]
+    for key, text in list(src.items()):
+        if not text.startswith(OWN_PREFIX) and key not in ("nvlink_bytes_per_s", "internode_bytes_per_s",
+                                                            "cuda_context_bytes"):
+            src[key] = f"H200-141G-measured's (vime's software on the same Hopper die and host class): {text}"
+    return prof
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 unless the committed preset is what this builds")
+    args = ap.parse_args()
+    text = json.dumps(build(), indent=2) + "\n"
+    if args.check:
+        same = PRESET.is_file() and PRESET.read_text() == text
+        print(f"{PRESET.relative_to(ROOT)}: {'as built' if same else 'differs from what bench/h100_measured_preset.py builds'}")
+        return 0 if same else 1
+    PRESET.write_text(text)
+    print(f"wrote {PRESET.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
