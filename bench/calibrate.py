@@ -1180,6 +1180,11 @@ def _unmeasured_defaults(prof: dict) -> None:
         src.setdefault("efficiency.train_expert_gemm_efficiency", "0.7 (the default, an assumption for a grouped GEMM): "
                                                                   "not measured here; MoE whole RL steps measure it "
                                                                   "(bench/fit_whole_step.py)")
+    if "train_expert_rows_half" not in eff:
+        eff["train_expert_rows_half"] = 0.0
+        src.setdefault("efficiency.train_expert_rows_half", "0 (the default): no row dependence of the experts' GEMMs; "
+                                                            "bench/moe_gemm.py --fit-rows measures it for a "
+                                                            "grouped-GEMM stack")
     sw = prof.setdefault("software", {})
     if "train_step_residue_bytes" not in sw:
         sw["train_step_residue_bytes"] = 0

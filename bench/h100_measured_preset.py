@@ -31,6 +31,7 @@ SWEEP = DATA / "h100_gemm_train_sweep_2026-12-05s25.json"
 RAW = DATA / "h100_calibration.json"
 DATASHEET = ROOT / "vime" / "sim" / "data" / "hardware" / "H100-SXM-80G.json"
 PRESET = ROOT / "vime" / "sim" / "data" / "hardware" / "H100-SXM-80G-measured.json"
+H200 = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"
 NAME = "H100-SXM-80G-measured"
 # the fields the H100 measured itself (the hypothesis's sources start "H100:") or the preset fits here
 OWN_PREFIX = "H100:"
@@ -66,6 +67,9 @@ def build() -> dict:
                                    f"{rows}, {SWEEP.relative_to(ROOT)}")
     src["efficiency.train_gemm_call_s"] = (f"{OWN_PREFIX} fit with train_mfu: the fixed time per matmul kernel "
                                            f"({call * 1e6:.1f} us), {rows}, {SWEEP.relative_to(ROOT)}")
+    # vime's trainer runs the experts one by one: no grouped GEMM, no row dependence (as H200-141G-measured)
+    eff["train_expert_rows_half"] = 0.0
+    src["efficiency.train_expert_rows_half"] = json.loads(H200.read_text())["sources"]["efficiency.train_expert_rows_half"]
     for key in ("nvlink_bytes_per_s", "internode_bytes_per_s"):  # the H100 board's datasheet, not the H200's
         src[key] = sheet["sources"][key]
     for key, text in list(src.items()):

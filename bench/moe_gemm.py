@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -136,12 +137,13 @@ def measure(repeat: int) -> list[dict]:
 
 
 def predict() -> list[dict]:
-    """The simulator's time for every grouped row: the FLOPs at the preset's expert efficiency x its GEMM rate, plus
-    one kernel's fixed time (`train_gemm_call_s`); the dense rows at the GEMM rate. Both H200 profiles and the H100 are written:
+    """The simulator's time for every grouped row: the FLOPs at the preset's expert efficiency (times its row factor,
+    r / (r + train_expert_rows_half)) x its GEMM rate, plus one kernel's fixed time (`train_gemm_call_s`); the dense rows at the GEMM rate. Both H200 profiles and the H100 are written:
     the datasheet's 0.7 (what the published MoE rows use) and the measured profile's (fitted on vime's one-by-one
     experts, so its grouped row is not a prediction of a grouped kernel)."""
     sys.path.insert(0, str(ROOT))
     from vime.sim.hardware import load_hardware
+    from vime.sim.moe import grouped_gemm_row_factor
 
     out = []
     for name in ("H200-141G", "H200-141G-measured", "H100-SXM-80G"):
@@ -151,7 +153,8 @@ def predict() -> list[dict]:
         for preset, experts, m in cases():
             for prod, (k, n) in products(preset).items():
                 flops = 2 * experts * m * k * n
-                for impl, r in (("grouped", rate * eff), ("dense", rate)):
+                grouped = rate * eff * grouped_gemm_row_factor(m, hw.efficiency.train_expert_rows_half)
+                for impl, r in (("grouped", grouped), ("dense", rate)):
                     for kind in KINDS:
                         t = flops / r + call
                         out.append({"profile": name, "preset": preset, "experts": experts, "rows": m,
@@ -184,6 +187,36 @@ def report(path: Path, dense_rate: float) -> str:
     return "\n".join(lines)
 
 
+def fit_rows(path: Path) -> tuple[float, float, list[tuple[tuple, float, float]]]:
+    """(c, r0, [(case, measured, fitted)]): t_dense / t_grouped = c · r / (r + r0) over a measured file's cases (fc1 +
+    fc2, forward and both gradients; r rows per expert), least squares in log space, r0 on a 1-row grid."""
+    by: dict[tuple, dict[str, float]] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        d = by.setdefault((r["preset"], r["experts"], r["rows"]), {})
+        d[r["impl"]] = d.get(r["impl"], 0.0) + r["median_s"]
+    pts = [(case, d["dense"] / d["grouped"]) for case, d in sorted(by.items()) if "dense" in d and "grouped" in d]
+    best = None
+    for r0 in range(0, 2001):
+        logs = [math.log(y) - math.log(case[2] / (case[2] + r0)) for case, y in pts]
+        lc = sum(logs) / len(logs)
+        err = sum((v - lc) ** 2 for v in logs)
+        if best is None or err < best[0]:
+            best = (err, float(r0), math.exp(lc))
+    _, r0, c = best
+    return c, r0, [(case, y, c * case[2] / (case[2] + r0)) for case, y in pts]
+
+
+def check_rows(path: Path, c: float, r0: float) -> str:
+    """The median and largest |error| of c · r / (r + r0) against a measured file's grouped / dense ratios."""
+    by: dict[tuple, dict[str, float]] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        d = by.setdefault((r["preset"], r["experts"], r["rows"]), {})
+        d[r["impl"]] = d.get(r["impl"], 0.0) + r["median_s"]
+    errs = sorted(abs(c * m / (m + r0) / (d["dense"] / d["grouped"]) - 1) for (_, _, m), d in by.items()
+                  if "dense" in d and "grouped" in d)
+    return f"{path.name}: median |error| {100 * errs[len(errs) // 2]:.1f} %, max {100 * errs[-1]:.1f} % over {len(errs)} cases"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
@@ -193,7 +226,15 @@ def main(argv: list[str] | None = None) -> int:
                          "built from bench/data/h100_calibration_s25, or a preset)")
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--predict", action="store_true", help="write the simulator's rows instead (no GPU)")
+    ap.add_argument("--fit-rows", type=Path, nargs="+", metavar="FILE",
+                    help="fit grouped / dense = c·r/(r + r0) on the first measured file, check it on the others")
     args = ap.parse_args(argv)
+    if args.fit_rows:
+        c, r0, _ = fit_rows(args.fit_rows[0])
+        print(f"grouped / dense = {c:.3f} r / (r + {r0:.0f}), fitted on {args.fit_rows[0].name}")
+        for path in args.fit_rows:
+            print("  " + check_rows(path, c, r0))
+        return 0
     if args.report:
         sys.path.insert(0, str(ROOT))
         from vime.sim.hardware import load_hardware

@@ -157,6 +157,48 @@ def test_expert_all_to_all_and_grouped_gemm_cost_time():
     assert _cost_model(8, 2, 1)._moe_seconds([2048] * 4)[1] == 0.0  # no EP: no all-to-all
 
 
+def test_rows_per_expert_by_hand():
+    """Qwen3-30B-A3B (128 experts, top 8): a micro-batch of 8192 tokens on TP 2 × EP 8 (ETP 1) sends each rank's
+    4096-token shard's 8 copies over the 8 EP ranks, 16 experts each: 4096 · 8 · 8 / 128 = 2048 rows per expert;
+    at EP 1 the experts are split over TP (ETP 2) and see every token: 8192 · 8 / 128 = 512."""
+    from vime.sim.moe import grouped_gemm_row_factor, rows_per_expert
+
+    m = load_model("Qwen3-30B-A3B")
+    assert rows_per_expert(m, 8192, tp=2, cp=1, ep=8, etp=1) == 2048
+    assert rows_per_expert(m, 8192, tp=2, cp=1, ep=1, etp=2) == 512
+    assert rows_per_expert(m, 8192, tp=2, cp=2, ep=8, etp=1) == 1024  # context parallelism halves each rank's tokens
+    assert rows_per_expert(load_model("Qwen3-4B"), 8192, tp=1, cp=1, ep=1, etp=1) == 0
+    assert grouped_gemm_row_factor(121, 121) == 0.5 and grouped_gemm_row_factor(363, 121) == 0.75
+    assert grouped_gemm_row_factor(5, 0) == 1.0 and grouped_gemm_row_factor(0, 121) == 1.0
+
+
+def test_few_rows_per_expert_slow_the_grouped_gemms():
+    """Hopper's grouped GEMMs reach half their large-batch rate at 121 rows per expert (bench/moe_gemm.py): the
+    experts' extra time at a given micro-batch follows imbalance / (0.7 · r / (r + 121)) − 1, and a profile without
+    the term (rows_half 0) keeps the flat 0.7."""
+    import dataclasses
+
+    cm = _cost_model(8, 2, 8)
+    hw, eff = cm.hw, cm.hw.efficiency
+    assert eff.train_expert_rows_half == 121 and eff.train_expert_gemm_efficiency == 0.7
+    flat = dataclasses.replace(hw, efficiency=dataclasses.replace(eff, train_expert_rows_half=0.0))
+    flat_cm = ActorCostModel(SimpleNamespace(actor_num_nodes=1, actor_num_gpus_per_node=8),
+                             SimpleNamespace(tensor_model_parallel_size=2, pipeline_model_parallel_size=1,
+                                             context_parallel_size=1, use_distributed_optimizer=True,
+                                             recompute_granularity=None, expert_model_parallel_size=8,
+                                             expert_tensor_parallel_size=None), cm.model, flat, 8)
+    for tokens in (256, 8192):  # 64 and 2048 rows per expert before the imbalance
+        lengths = [tokens]
+        rows = tokens // 2 * 8 * 8 / 128 * 1.15
+        expert = flat_cm._moe_seconds(lengths)[0] / (1.15 / 0.7 - 1.0)  # the experts' FLOPs at the dense rate
+        want = expert * (1.15 / (0.7 * rows / (rows + 121)) - 1.0)
+        assert cm._moe_seconds(lengths)[0] == pytest.approx(want, rel=1e-9)
+    small, large = ([t] for t in (256, 8192))
+    assert cm._moe_seconds(small)[0] / flat_cm._moe_seconds(small)[0] > 2  # 74 rows: a third of the rate
+    assert cm._moe_seconds(large)[0] / flat_cm._moe_seconds(large)[0] < 1.15  # 2355 rows: within 5 % of it
+    assert load_hardware("H200-141G-measured").efficiency.train_expert_rows_half == 0  # one-by-one experts
+
+
 def test_qwen_mixtral_and_glm_moe_configs_are_read():
     hf = parse_hf_config({**TINY_MOE, "decoder_sparse_step": 2, "mlp_only_layers": [3]}, name="tiny")
     assert hf.moe.moe_layers == (1,) and hf.moe.top_k == 2 and hf.moe.norm_topk_prob

@@ -36,6 +36,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "host_copy_util": 0.80,                   # pinned cudaMemcpy rate / host-link peak (optional, 1.0)
         "train_host_s_per_expert": 0.0,           # trainer CPU floor per routed expert of a MoE layer run one by one (optional, 0)
         "train_expert_gemm_efficiency": 0.7,      # experts' GEMMs vs a dense GEMM of the same FLOPs (optional, 0.7)
+        "train_expert_rows_half": 0.0,            # rows per expert at half the grouped GEMM's rate (optional, 0 = none)
         "export_call_s": 0.0,                     # trainer host work per weight export (optional, 0)
         "export_per_tensor_s": 0.0                # ... and per HF tensor it exports (optional, 0)
       },
@@ -362,7 +363,7 @@ class HardwareSpec:
                                                          "allgather_bw_util", "collective_latency_s",
                                                          "train_host_bwd_s_per_layer", "trainer_call_s",
                                                          "train_host_step_s", "export_call_s", "train_host_s_per_expert",
-                                                         "train_expert_gemm_efficiency",
+                                                         "train_expert_gemm_efficiency", "train_expert_rows_half",
                                                          "export_per_tensor_s", "state_check_per_tensor_s",
                                                          "state_check_bytes_per_s", "released_wake_s_per_gib",
                                                          "released_wake_max_s", "train_gemm_call_s",

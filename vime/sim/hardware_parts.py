@@ -125,6 +125,11 @@ class Efficiency:
     #: small problems). 0.7 is a documented assumption for Megatron's grouped GEMM on Hopper (60-80 % of a dense
     #: layer's MFU); the H200 profile's value is fitted on its one-by-one experts (bench/fit_whole_step.py).
     train_expert_gemm_efficiency: float = 0.7
+    #: Rows per local expert at which a grouped GEMM runs at half its large-batch rate: the experts' efficiency is
+    #: train_expert_gemm_efficiency × r / (r + this) for the r rows each expert of the busiest rank gets from a
+    #: micro-batch (few rows per expert leave the tensor cores' tiles part-empty). Hopper: 121 rows, measured by
+    #: bench/moe_gemm.py --fit-rows; 0 (no row dependence) where unmeasured or the experts run one by one.
+    train_expert_rows_half: float = 0.0
     export_call_s: float = 0.0
     export_per_tensor_s: float = 0.0
     #: The trainer's CPU work per optimizer step beyond its kernels (Megatron's optimizer and grad-norm

@@ -45,6 +45,23 @@ def touched_fraction(model: ModelSpec, tokens: float) -> float:
     return expected_distinct_experts(model.num_experts, model.moe_top_k, tokens) / model.num_experts
 
 
+def rows_per_expert(model: ModelSpec, tokens: float, *, tp: int, cp: int, ep: int, etp: int) -> float:
+    """Routed rows each local expert of an EP rank gets from a micro-batch of `tokens` tokens, routing balanced: every
+    EP rank's tokens send k copies spread over E experts, a rank holds E/EP of them; ETP ranks below TP split the
+    tokens TP/ETP ways first (sequence-parallel shards)."""
+    if not model.num_experts:
+        return 0.0
+    return tokens * model.moe_top_k * ep * etp / (cp * tp * model.num_experts)
+
+
+def grouped_gemm_row_factor(rows: float, rows_half: float) -> float:
+    """The share of its large-batch rate a grouped GEMM reaches at `rows` rows per expert: r / (r + r½); 1 when
+    `rows_half` is 0 (no row dependence modelled) or there are no rows (no work to slow)."""
+    if rows_half <= 0 or rows <= 0:
+        return 1.0
+    return rows / (rows + rows_half)
+
+
 def expert_params(model: ModelSpec) -> int:
     """Parameters of one routed expert: gate, up and down projections (up and down without gating)."""
     return (3 if model.gated_mlp else 2) * model.hidden_size * model.moe_ffn_hidden_size

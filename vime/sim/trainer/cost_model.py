@@ -236,7 +236,8 @@ class ActorCostModel:
 
         `compute_seconds` already counts the experts' FLOPs at the dense rate, spread evenly; the
         busiest EP rank gets `imbalance` × the mean tokens and its expert GEMMs run at
-        `efficiency.train_expert_gemm_efficiency` of a dense GEMM, which adds expert time × (imbalance / efficiency − 1).
+        `efficiency.train_expert_gemm_efficiency` of a dense GEMM, times r / (r + `train_expert_rows_half`) for the r
+        rows each of its experts gets, which adds expert time × (imbalance / efficiency − 1).
         Each MoE layer of the busiest stage sends every token's k copies out and back (sequence-parallel shards of
         tokens / (TP · CP) per rank) over the EP group, which crosses nodes when ETP × EP does;
         the backward repeats the two all-to-alls."""
@@ -244,7 +245,10 @@ class ActorCostModel:
         tokens = sum(lengths)
         ranks = lay.tp * lay.pp * lay.cp
         expert = moe.expert_flops_per_token(m) * tokens / (ranks * self.hw.train_flops)
-        extra = expert * (self._imbalance() / self.hw.efficiency.train_expert_gemm_efficiency - 1.0)
+        eff = self.hw.efficiency
+        rows = moe.rows_per_expert(m, tokens, tp=lay.tp, cp=lay.cp, ep=self.ep, etp=self.etp) * self._imbalance()
+        efficiency = eff.train_expert_gemm_efficiency * moe.grouped_gemm_row_factor(rows, eff.train_expert_rows_half)
+        extra = expert * (self._imbalance() / efficiency - 1.0)
         per_rank_tokens = tokens / (lay.tp * lay.cp)
         a2a = moe.dispatch_combine_seconds(m, self.hw, per_rank_tokens, self.ep, layers=m.moe_layers_per_stage(lay.pp),
                                            inter_node=self.ep * self.etp > lay.gpus_per_node)
