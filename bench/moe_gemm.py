@@ -187,14 +187,20 @@ def report(path: Path, dense_rate: float) -> str:
     return "\n".join(lines)
 
 
+def _grouped_over_dense(path: Path) -> list[tuple[tuple, float]]:
+    """Per (preset, experts, rows) case of a measured file: the dense GEMMs' summed time over the grouped GEMMs'."""
+    by: dict[tuple, dict[str, float]] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        if "median_s" in r:
+            d = by.setdefault((r["preset"], r["experts"], r["rows"]), {})
+            d[r["impl"]] = d.get(r["impl"], 0.0) + r["median_s"]
+    return [(case, d["dense"] / d["grouped"]) for case, d in sorted(by.items()) if "dense" in d and "grouped" in d]
+
+
 def fit_rows(path: Path) -> tuple[float, float, list[tuple[tuple, float, float]]]:
     """(c, r0, [(case, measured, fitted)]): t_dense / t_grouped = c · r / (r + r0) over a measured file's cases (fc1 +
     fc2, forward and both gradients; r rows per expert), least squares in log space, r0 on a 1-row grid."""
-    by: dict[tuple, dict[str, float]] = {}
-    for r in json.loads(path.read_text())["rows"]:
-        d = by.setdefault((r["preset"], r["experts"], r["rows"]), {})
-        d[r["impl"]] = d.get(r["impl"], 0.0) + r["median_s"]
-    pts = [(case, d["dense"] / d["grouped"]) for case, d in sorted(by.items()) if "dense" in d and "grouped" in d]
+    pts = _grouped_over_dense(path)
     best = None
     for r0 in range(0, 2001):
         logs = [math.log(y) - math.log(case[2] / (case[2] + r0)) for case, y in pts]
@@ -208,12 +214,7 @@ def fit_rows(path: Path) -> tuple[float, float, list[tuple[tuple, float, float]]
 
 def check_rows(path: Path, c: float, r0: float) -> str:
     """The median and largest |error| of c · r / (r + r0) against a measured file's grouped / dense ratios."""
-    by: dict[tuple, dict[str, float]] = {}
-    for r in json.loads(path.read_text())["rows"]:
-        d = by.setdefault((r["preset"], r["experts"], r["rows"]), {})
-        d[r["impl"]] = d.get(r["impl"], 0.0) + r["median_s"]
-    errs = sorted(abs(c * m / (m + r0) / (d["dense"] / d["grouped"]) - 1) for (_, _, m), d in by.items()
-                  if "dense" in d and "grouped" in d)
+    errs = sorted(abs(c * m / (m + r0) / y - 1) for (_, _, m), y in _grouped_over_dense(path))
     return f"{path.name}: median |error| {100 * errs[len(errs) // 2]:.1f} %, max {100 * errs[-1]:.1f} % over {len(errs)} cases"
 
 
