@@ -322,7 +322,8 @@ def test_seed_model_config_is_what_the_builder_writes(tmp_path: Path) -> None:
     assert tok.token_to_id("<|endoftext|>") == full["eos_token_id"]
 
 
-@pytest.mark.parametrize("preset,real", [("qwen3-4b", "Qwen3-4B"), ("qwen3-0.6b", "Qwen3-0.6B")])
+@pytest.mark.parametrize("preset,real",
+                         [("qwen3-4b", "Qwen3-4B"), ("qwen3-1.7b", "Qwen3-1.7B"), ("qwen3-0.6b", "Qwen3-0.6B")])
 def test_body_presets_are_the_real_models_shapes(preset: str, real: str, tmp_path: Path) -> None:
     """The tokenizer-less random bodies have the real models' shapes (so the simulator's preset and the
     config.json the run loads describe the same model), and a built body loads into vime's Megatron mapping."""

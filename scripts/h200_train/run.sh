@@ -14,7 +14,7 @@
 # Knobs (environment):
 #   GPUS        1 | 2 | 8 (default 1): colocated on all of them; trainer TP = GPUS for 1-2 GPUs, TP 2 x DP 4 on
 #               8 (the seed's layout); one engine per TP group of GPUs
-#   MODEL       qwen3-4b (default) | qwen3-0.6b: the real shapes, 151 936-token vocabulary, no tokenizer;
+#   MODEL       qwen3-4b (default) | qwen3-1.7b | qwen3-0.6b: the real shapes, 151 936-token vocabulary, no tokenizer;
 #               seed: the 0.45 B model with an 8192-token tokenizer (scripts/h200_train/seed_model.py);
 #               qwen3-30b-a3b-4l: Qwen3-30B-A3B's MoE body with 4 layers (3.1 B params, 128 experts, top-8)
 #   OFFLOAD     cumem (default) | torch_memory_saver: --train-offload-backend
@@ -40,9 +40,10 @@ NUM_ROLLOUT=${NUM_ROLLOUT:-3}
 case "$MODEL" in
   qwen3-4b) MBS=${MBS:-2}; VOCAB=151936 ;;
   qwen3-0.6b) MBS=${MBS:-8}; VOCAB=151936 ;;
+  qwen3-1.7b) MBS=${MBS:-4}; VOCAB=151936 ;;
   qwen3-30b-a3b-4l) MBS=${MBS:-4}; VOCAB=151936 ;;
   seed) MBS=${MBS:-8}; VOCAB=8192 ;;
-  *) echo "MODEL=$MODEL: use qwen3-4b, qwen3-0.6b, qwen3-30b-a3b-4l or seed" >&2; exit 2 ;;
+  *) echo "MODEL=$MODEL: use qwen3-4b, qwen3-1.7b, qwen3-0.6b, qwen3-30b-a3b-4l or seed" >&2; exit 2 ;;
 esac
 case "$GPUS" in
   1) TP=1 ;;

@@ -76,10 +76,12 @@ def hf_config(spec: TinyModelSpec = SPEC) -> dict:
     return cfg
 
 
-#: The real Qwen3 bodies (Hugging Face's Qwen3-4B and Qwen3-0.6B config.json values).
+#: The real Qwen3 bodies (Hugging Face's Qwen3-4B, Qwen3-1.7B and Qwen3-0.6B config.json values).
 BODIES: dict[str, dict[str, int]] = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128),
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
 }
