@@ -8,8 +8,9 @@ at its wall_time; its phases run in PHASES order from wall_time - t_step; start-
 weights, weight sync, onload KV, ending at its wall_time); vLLM's own count from engine0.log ("Sleep mode
 freed X GiB memory, Y GiB memory is still in use": Y is the whole device while the engine is asleep, so Y minus
 the first sleep's Y is what other processes, here the trainer, hold). Fitted: `software.train_step_residue_bytes`
-= the rise of the rollout level from step 0 to steps 1-2 of the Qwen3-0.6B cumem run; the other three runs are
-held out.
+= the rise of the rollout level from step 0 to steps 1-2 of the Qwen3-0.6B cumem run, less the terms
+`vime.sim.trainer.footprint.step_residue_bytes` adds for that run (two fp32 embedding-sized tensors, one layer's
+fp32 scores of the largest micro-batch); the other three runs are held out.
 """
 
 from __future__ import annotations
@@ -134,9 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, object] = {"fit_run": FIT_RUN, "held_out": [r for r in RUNS if r != FIT_RUN], "runs": {}}
     measured = {run: measured_levels(DATA / "h200_train_e2e" / run) for run in RUNS}
     rise = {run: rollout_rise_gib(lv) for run, lv in measured.items()}
-    fitted = int(round(rise[FIT_RUN] * GIB / MIB)) * MIB  # whole MiB: nvidia-smi's unit
+    # the base: the fit run's rise less what footprint.step_residue_bytes adds for its model and micro-batches
+    probe = simulated(FIT_RUN, MIB)["peak_by_tag_gib"]["actor/step_residue"] * GIB - MIB  # type: ignore[index]
+    fitted = int(round((rise[FIT_RUN] * GIB - probe) / MIB)) * MIB  # whole MiB: nvidia-smi's unit
     doc["train_step_residue_bytes"] = fitted
-    print(f"fitted software.train_step_residue_bytes = {fitted} ({fitted / GIB:.3f} GiB) on {FIT_RUN}\n")
+    doc["structural_bytes_of_fit_run"] = int(probe)
+    print(f"fitted software.train_step_residue_bytes = {fitted} ({fitted / GIB:.3f} GiB) on {FIT_RUN} (its rise "
+          f"{rise[FIT_RUN]:.3f} GiB less the embedding and score terms, {probe / GIB:.3f} GiB)\n")
     for run in RUNS:
         sleeps = vllm_sleeps(DATA / "h200_train_e2e" / run)
         first = sleeps[0]["still_in_use_gib"]

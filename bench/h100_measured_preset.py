@@ -70,6 +70,10 @@ def build() -> dict:
     # vime's trainer runs the experts one by one: no grouped GEMM, no row dependence (as H200-141G-measured)
     eff["train_expert_rows_half"] = 0.0
     src["efficiency.train_expert_rows_half"] = json.loads(H200.read_text())["sources"]["efficiency.train_expert_rows_half"]
+    # the trainer's first-step residue: since the 27th session a base under footprint.step_residue_bytes's terms
+    h200 = json.loads(H200.read_text())
+    prof["software"]["train_step_residue_bytes"] = h200["software"]["train_step_residue_bytes"]
+    src["software.train_step_residue_bytes"] = h200["sources"]["software.train_step_residue_bytes"]
     for key in ("nvlink_bytes_per_s", "internode_bytes_per_s"):  # the H100 board's datasheet, not the H200's
         src[key] = sheet["sources"][key]
     for key, text in list(src.items()):

@@ -137,14 +137,15 @@ class StreamProbe:
         return sum(float(line.rsplit(" ", 1)[1]) for line in resp.text.splitlines()
                    if line.startswith("vllm:num_requests_running"))
 
-    async def wait_until_running(self, n: int = 2, timeout_s: float = 10.0) -> bool:
+    async def wait_until_running(self, n: int = 2, timeout_s: float = 10.0, max_tokens: int = 1000) -> bool:
         """The probe has decoded tokens and, best effort, the scheduler reports `n` running requests: the
         request under test was admitted, not merely sent. The gauge can lag, so this gives up after
-        `timeout_s` (returns False); the pause tests then detect a lost race and try again."""
+        `timeout_s` or once the probe has `max_tokens` (returns False) — a request of ABORTABLE length
+        is then still far from done; the pause tests detect a lost race anyway and try again."""
         await self.wait_for(20)
         deadline = time.monotonic() + timeout_s
         while await self.running() < n:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.count >= max_tokens:
                 return False
             await asyncio.sleep(0.02)
         return True

@@ -656,17 +656,44 @@ def test_first_train_step_leaves_the_profile_residue_mapped_through_every_later_
     _run(cl, tr.wake_up())
     assert all(g.used("actor", "step_residue") == 0 for g in cl.gpus)
     _run(cl, tr.train(0, _batch(args)))
-    assert [g.used("actor", "step_residue") for g in cl.gpus] == [residue] * 8
+    first = tr.step_residue_bytes(_batch(args))
+    embedding = 8 * tr.model.vocab_size // tr.layout.tp * tr.model.hidden_size  # two fp32 embedding-sized tensors
+    assert first >= residue + embedding  # + the largest micro-batch's scores where attention is unfused
+    assert [g.used("actor", "step_residue") for g in cl.gpus] == [first] * 8
     _run(cl, tr.sleep())  # not an offload tag: it stays while the engines generate
-    assert [g.used("actor", "step_residue") for g in cl.gpus] == [residue] * 8
+    assert [g.used("actor", "step_residue") for g in cl.gpus] == [first] * 8
     _run(cl, tr.wake_up())
     _run(cl, tr.train(1, _batch(args, 1)))  # once, not once per step
-    assert [g.used("actor", "step_residue") for g in cl.gpus] == [residue] * 8
+    assert [g.used("actor", "step_residue") for g in cl.gpus] == [first] * 8
     bare, cl0 = _trainer(args)  # a profile without the figure: nothing
     _run(cl0, bare.init())
     _run(cl0, bare.wake_up())
     _run(cl0, bare.train(0, _batch(args)))
     assert all(g.used("actor", "step_residue") == 0 for g in cl0.gpus)
+
+
+def test_the_residue_grows_with_the_embedding_and_the_largest_score_block():
+    """footprint.step_residue_bytes: base + 8 B per embedding element (per TP slice) + one layer's fp32 scores of
+    the micro-batch with the most (unfused attention only); a profile without a base models none."""
+    from vime.sim.trainer.footprint import step_residue_bytes
+
+    hw = load_hardware("H200-141G-measured")
+    base = hw.software.train_step_residue_bytes
+    small, mid = load_model("Qwen3-0.6B"), load_model("Qwen3-1.7B")
+    mbs4 = [[1152] * 4] * 3
+    assert hw.software.train_attention == "unfused"
+    scores = 4 * 4 * 16 * 1152 ** 2
+    assert step_residue_bytes(small, hw, mbs4) == base + 8 * 151936 * 1024 + scores
+    # the 1.7B keeps 1.16 GiB more than the 0.6B at the same micro-batches (3.63 vs 2.48 GiB of torch cache measured)
+    assert step_residue_bytes(mid, hw, mbs4) - step_residue_bytes(small, hw, mbs4) == 8 * 151936 * 1024
+    # the largest block counts, once: 8 x 1152 doubles the scores of 4 x 1152, a longer short batch does too
+    assert step_residue_bytes(small, hw, [[1152] * 8, [1152] * 4]) - base - 8 * 151936 * 1024 == 2 * scores
+    assert step_residue_bytes(small, hw, [[1152] * 4, [1700] * 2]) > step_residue_bytes(small, hw, mbs4)
+    assert step_residue_bytes(small, hw, mbs4, tp=2) < step_residue_bytes(small, hw, mbs4)
+    flash = dataclasses.replace(hw, software=dataclasses.replace(hw.software, train_attention="flash"))
+    assert step_residue_bytes(small, flash, mbs4) == base + 8 * 151936 * 1024
+    none = dataclasses.replace(hw, software=dataclasses.replace(hw.software, train_step_residue_bytes=0))
+    assert step_residue_bytes(small, none, mbs4) == 0
 
 
 def test_the_residue_must_be_whole_non_negative_bytes():

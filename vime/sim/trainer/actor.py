@@ -268,10 +268,10 @@ class SimTrainer(ActorCostModel):
         timings["actor_train_time"] = float(env.now) - t_train
         self.extras.trained(batch)
         if self.train_calls == 0:
-            # What the first train step leaves mapped outside the offload pools (sleep's empty_cache cannot
-            # return it): flat from then on in the 2026-12-02 H200 runs; size from the profile (Software).
+            # What the first train step leaves mapped outside the offload pools: flat from then on in the H200 runs
+            residue = self.step_residue_bytes(batch)
             for gpu in self.gpus:
-                gpu.alloc(self.name, TAG_STEP_RESIDUE, self.hw.software.train_step_residue_bytes)
+                gpu.alloc(self.name, TAG_STEP_RESIDUE, residue)
         t_backup = float(env.now)
         await elapse(env, self._backup_seconds())  # seed step 41: weights_backuper.backup("actor")
         if not self.offload_train:

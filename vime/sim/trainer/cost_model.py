@@ -26,12 +26,14 @@ from vime.sim.trainer.footprint import (
     rope_bytes,
     score_bytes,
     software_terms,
+    step_residue_bytes,
     trainer_context_bytes,
 )
 from vime.sim.trainer.layout import Layout
 
 if TYPE_CHECKING:
     from vime.config import ClusterConfig, ParallelConfig
+    from vime.types import TrainBatch
     from vime.sim.hardware import HardwareSpec
     from vime.sim.models import ModelSpec, Recompute
 
@@ -170,6 +172,14 @@ class ActorCostModel:
         extra = (score_bytes(self.model, self.hw, seqs, lay.tp, lay.pp, self.recompute)
                  + rope_bytes(self.model, self.hw, seqs, lay.pp, self.recompute))
         return int((per_token * tokens + extra) / lay.cp)
+
+    def step_residue_bytes(self, batch: TrainBatch) -> int:
+        """What the first train step on `batch` leaves mapped on each rank (`footprint.step_residue_bytes`,
+        over the micro-batches of every DP rank and optimizer step)."""
+        mbs = [[rb.total_lengths[i] for i in mb]
+               for rb in (batch.for_rank(r) for r in range(batch.dp_size))
+               for step in range(batch.schedule.num_steps) for mb in rb.micro_batches(step)]
+        return step_residue_bytes(self.model, self.hw, mbs, self.layout.tp)
 
     def loss_transient_bytes(self, tokens: int) -> int:
         """What the policy loss of a training micro-batch of `tokens` tokens allocates for a moment on top of

@@ -39,6 +39,12 @@ UNFUSED_SCORE_KEPT_BYTES = 6
 #: top of everything the forward kept (bytes per logit element; the sixth H200 lease's 0.6B ran out of memory
 #: allocating the product at 8448 tokens a micro-batch, bench/data/h200_notes.md).
 ENTROPY_TRANSIENT_BYTES = 3 * 4
+#: The first train step's residue (TAG_STEP_RESIDUE) beyond the profile's base, fitted on nothing: two fp32
+#: tensors of the (tied) embedding's size (bytes per embedding element) and one fp32 block of the largest
+#: micro-batch's attention scores (bytes per score element of one layer). Read from the trainer's
+#: torch_cache after each sleep in 35 H200 runs of the 0.6B, 1.7B and 4B (bench/data/h200_notes.md, 27th session).
+RESIDUE_EMBEDDING_BYTES = 2 * 4
+RESIDUE_SCORE_BYTES = 4
 
 
 def trainer_context_bytes(hw: HardwareSpec) -> int:
@@ -87,6 +93,23 @@ def score_bytes(model: ModelSpec, hw: HardwareSpec, lengths: Sequence[int], tp: 
     kept = (model.score_elements(lengths, tp, pp) * UNFUSED_SCORE_KEPT_BYTES
             + layers * (3 * per_token * tokens + mask))
     return kept / layers if recompute == "full" else kept
+
+
+def step_residue_bytes(model: ModelSpec, hw: HardwareSpec, micro_batches: Sequence[Sequence[int]],
+                       tp: int = 1) -> int:
+    """What the first train step leaves mapped on a rank outside the offload pools (sleep's empty_cache
+    cannot return it): the profile's base, plus RESIDUE_EMBEDDING_BYTES per element of this rank's embedding
+    slice and, with unfused attention, one layer's fp32 scores of the micro-batch with the most of them
+    (b · heads/TP · s_max²). 0 where the profile measured none (its stack's residue is unknown)."""
+    base = hw.software.train_step_residue_bytes
+    if base == 0:
+        return 0
+    embedding = RESIDUE_EMBEDDING_BYTES * model.vocab_size // tp * model.hidden_size
+    scores = 0
+    if hw.software.train_attention == "unfused":
+        heads = model.num_attention_heads // tp
+        scores = max((RESIDUE_SCORE_BYTES * len(mb) * heads * max(mb) ** 2 for mb in micro_batches if mb), default=0)
+    return base + embedding + scores
 
 
 def loss_transient_bytes(model: ModelSpec, tokens: int, tp: int = 1, cp: int = 1) -> float:
