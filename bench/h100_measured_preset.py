@@ -74,6 +74,10 @@ def build() -> dict:
     h200 = json.loads(H200.read_text())
     prof["software"]["train_step_residue_bytes"] = h200["software"]["train_step_residue_bytes"]
     src["software.train_step_residue_bytes"] = h200["sources"]["software.train_step_residue_bytes"]
+    for q in ("whole_step_rollout_memory", "whole_step_train_memory"):  # the same software's memory model
+        prof["spread"][q] = dict(h200["spread"][q], source="H200-141G-measured's (the same software's memory model; "
+                                 "the H100's own whole steps are checked against it in tests/bench/"
+                                 "test_h100_measured_preset.py): " + h200["spread"][q]["source"])
     for key in ("nvlink_bytes_per_s", "internode_bytes_per_s"):  # the H100 board's datasheet, not the H200's
         src[key] = sheet["sources"][key]
     for key, text in list(src.items()):

@@ -127,12 +127,17 @@ E2E_RUNS = {"qwen3-0.6b-cumem-1g_hf-init": "Qwen3-0.6B", "qwen3-0.6b-torch_memor
             # the sixteenth lease: full recompute, a KL loss against a reference model, vLLM without graphs or compile
             "qwen3-4b-cumem-1g-mbs4-recompute_2026-12-04s21": "Qwen3-4B",
             "qwen3-0.6b-cumem-1g-mbs4-kl_2026-12-04s21": "Qwen3-0.6B",
-            "qwen3-0.6b-cumem-1g-mbs4-eager_2026-12-04s21": "Qwen3-0.6B"}
+            "qwen3-0.6b-cumem-1g-mbs4-eager_2026-12-04s21": "Qwen3-0.6B",
+            # the twentieth lease: a model size never run whole before (its host floor on the slow side, notes)
+            "qwen3-1.7b-cumem-1g-mbs4_2026-12-05s27": "Qwen3-1.7B"}
 #: Phases of a run its trainer no longer measures the same way: the runs before the second lease of 2026-12-02
 #: split the fused QKV weights on the host (0.75 s of a 4B export), which the trainer no longer does.
 #: The MoE run of that lease is in none of the bands: its trainer runs the 128 experts one by one (Megatron's
 #: SequentialMLP), a host cost the simulator does not model (train −86 %, issue 21).
 SUPERSEDED = {run: ("weight_sync",) for run in E2E_RUNS if not run.endswith(("s6", "s7", "s8", "s10", "s11", "s12", "s13", "s14", "s15", "s16", "s17", "s18", "s19", "s20", "s21"))}
+#: Runs whose trainer kept memory vime's no longer does: the resident trainer before it emptied its cache after
+#: training (the fifteenth lease's "emptied" runs are the same configurations with today's trainer).
+MEMORY_SUPERSEDED = {"qwen3-0.6b-cumem-1g-mbs4-nooffload-util030_2026-12-04s19"}
 #: `vime train` flags a simulation does not take (the real checkpoint, prompts, reward, backend), with their arity.
 _TRAIN_ONLY = {"--backend": 1, "--hf-checkpoint": 1, "--prompt-data": 1, "--custom-rm-path": 1}
 
@@ -161,12 +166,20 @@ def simulate_flags(command: str, model: str, profile: str) -> list[str]:
 
 
 def whole_step_ratios(profile: str = PROFILE) -> dict[str, list[tuple[str, float]]]:
-    """{phase: [(run/step, measured/predicted)]} over the H200 runs' steps after the first."""
-    out: dict[str, list[tuple[str, float]]] = {p: [] for p in PHASES}
+    """{phase: [(run/step, measured/predicted)]} over the H200 runs' steps after the first, and under
+    ``rollout_memory`` / ``train_memory`` each run's most GPU level while rolling out / training (nvidia-smi,
+    cut at the phases by `vime compare` when the run was compared) over the simulated phase's peak."""
+    out: dict[str, list[tuple[str, float]]] = {p: [] for p in (*PHASES, "rollout_memory", "train_memory")}
     for run, model in E2E_RUNS.items():
         folder = DATA / "h200_train_e2e" / run
         flags = simulate_flags((folder / "command.txt").read_text(), model, profile)
         sim = simulate(parse_args(flags, command="simulate"))
+        compared = json.loads((folder / "compare.json").read_text()) if (folder / "compare.json").exists() else {}
+        levels = (compared.get("memory") or {}).get("gpus", {})
+        for (gpu, phase), predicted in sorted(sim.backends.recorder.phase_peaks.items()):
+            seen = [v for v in (levels.get(str(gpu)) or {}).get(f"{phase}_mib", []) if v is not None]
+            if phase in ("rollout", "train") and seen and run not in MEMORY_SUPERSEDED:
+                out[f"{phase}_memory"].append((f"{run} GPU {gpu}", max(seen) * 2**20 / predicted))
         steady = [s for s in sim.steps if s.rollout_id >= 1]
         predicted = {p: sum(getattr(s, f"t_{p}") for s in steady) / len(steady) for p in PHASES}
         for line in (folder / "train.jsonl").read_text().splitlines():
@@ -185,10 +198,13 @@ def whole_step_spread(profile: str = PROFILE) -> dict[str, dict]:
         if not ratios:
             continue
         lo, hi = min(ratios, key=lambda r: r[1]), max(ratios, key=lambda r: r[1])
+        what = (f"GPU level while {phase.split('_')[0].replace('rollout', 'rolling out').replace('train', 'training')} "
+                f"over {len(ratios)} whole colocated RL runs (nvidia-smi every 0.5 s; their compare.json) on one H200 "
+                f"(runs " if phase.endswith("_memory") else
+                f"{phase} over {len(ratios)} whole colocated RL steps on one H200 (steps after the first of runs ")
         out[f"whole_step_{phase}"] = {
             "low": round(min(lo[1], 1.0), 4), "high": round(max(hi[1], 1.0), 4), "rows": len(ratios),
-            "source": (f"min..max of measured/predicted {phase} over {len(ratios)} whole colocated RL steps on one "
-                       f"H200 (steps after the first of runs {', '.join(E2E_RUNS)}: bench/data/h200_train_e2e/, "
+            "source": (f"min..max of measured/predicted {what}{', '.join(E2E_RUNS)}: bench/data/h200_train_e2e/, "
                        f"vime train --backend real, vLLM 0.25.1, Megatron-core, trained on zero-valued weights) "
                        f"against vime simulate of each run's own flags on {profile}; lowest: {lo[0]}, highest: "
                        f"{hi[0]}; bench/spread.py"),

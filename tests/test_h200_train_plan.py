@@ -119,7 +119,7 @@ def test_simulate_predicts_the_planned_run_on_the_measured_h200(prediction: dict
                                                                layout: tuple[str, str, tuple[int, ...]]) -> None:
     # the maintained preset run.sh names (until 2026-12-02 it named a stale copy in bench/data)
     profile = json.loads((ROOT / "vime/sim/data/hardware/H200-141G-measured.json").read_text())
-    assert prediction["schema"] == "vime.simulate/1.2"
+    assert prediction["schema"] == "vime.simulate/1.3"
     assert prediction["hardware"]["name"] == profile["name"]
     model = json.loads((model_dir / "config.json").read_text())
     assert prediction["model"]["layers"] == model["num_hidden_layers"]

@@ -45,3 +45,26 @@ def test_a_real_run_is_twinned_with_the_measured_preset_of_its_gpu(gpu, preset):
     from vime.runs.twin import hardware_for
 
     assert hardware_for([gpu]) == preset
+
+
+@pytest.mark.parametrize("run", ["qwen3-0.6b-cumem-1g-mbs4-h100_2026-12-05s26",
+                                 "qwen3-0.6b-cumem-1g-mbs2-r2048-h100_2026-12-05s26"])
+def test_the_h100s_own_memory_levels_sit_inside_the_borrowed_memory_spread(run: str):
+    """The preset borrows the H200's measured memory spread (the same software): the H100's own whole steps, their
+    levels while rolling out and while training against the simulated phases' peaks, fall inside it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from spread import simulate_flags
+
+    from vime.config import parse_args
+    from vime.runs.sim import simulate
+
+    folder = ROOT / "bench" / "data" / "h200_train_e2e" / run
+    hw = load_hardware("H100-SXM-80G-measured")
+    spread = dict(hw.spread)
+    sim = simulate(parse_args(simulate_flags((folder / "command.txt").read_text(), "Qwen3-0.6B", hw.name),
+                              command="simulate"))
+    levels = json.loads((folder / "compare.json").read_text())["memory"]["gpus"]["0"]
+    for phase in ("rollout", "train"):
+        ratio = max(levels[f"{phase}_mib"]) * 2**20 / sim.backends.recorder.phase_peaks[(0, phase)]
+        q = spread[f"whole_step_{phase}_memory"]
+        assert q.low <= ratio <= q.high, (phase, ratio, q)

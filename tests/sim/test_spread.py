@@ -18,7 +18,7 @@ from vime.report.schema import SIMULATE_SCHEMA
 from vime.runs.document import build_document
 from vime.runs.sim import simulate
 from vime.sim.hardware import HardwareSpec, load_hardware
-from vime.sim.spread import PHASE_QUANTITIES, QuantitySpread, parse_spread, uncertainty
+from vime.sim.spread import PHASE_QUANTITIES, QuantitySpread, memory_band, parse_spread, uncertainty
 from vime.testing.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +114,44 @@ def test_phase_band_is_the_widest_of_what_it_rests_on():
     assert unc["t_step"]["unbanded"] == ["offload", "gap"]
 
 
+def _gpu(peak: float, cap: float = 80.0, train: float = 40.0) -> dict[str, Any]:
+    return {"gpu": 0, "peak_gib": peak, "capacity_gib": cap, "phase_peaks_gib": {"rollout": peak, "train": train}}
+
+
+MEMORY_SPREAD = (("whole_step_rollout_memory", QuantitySpread(0.98, 1.01, 40, "s")),
+                 ("whole_step_train_memory", QuantitySpread(0.98, 1.09, 40, "s")))
+
+
+def test_memory_band_flags_a_fit_whose_headroom_the_model_has_missed_by():
+    """A GPU that fits is at risk when a phase's peak times what measured levels ran over the model passes the
+    capacity: the engines' phases by the rollout level's spread, the train phase by the train level's."""
+    tight = memory_band("X", MEMORY_SPREAD, [_gpu(79.5)])["gpus"][0]
+    assert tight["at_risk"] and tight["high_phase"] == "rollout"
+    assert tight["peak_high_gib"] == pytest.approx(79.5 * 1.01, abs=1e-4) and tight["high_factor"] == 1.01
+    assert not memory_band("X", MEMORY_SPREAD, [_gpu(78.0)])["gpus"][0]["at_risk"]  # 78.8 < 80
+    trained = memory_band("X", MEMORY_SPREAD, [_gpu(76.0, train=75.0)])["gpus"][0]  # 75 x 1.09 = 81.75
+    assert trained["at_risk"] and trained["high_phase"] == "train" and trained["high_factor"] == 1.09
+    assert not memory_band("X", MEMORY_SPREAD, [_gpu(81.0)])["gpus"][0]["at_risk"]  # out of memory, not at risk
+    none = memory_band("X", MEMORY_SPREAD[:1], [_gpu(79.5)])
+    assert none["gpus"] == [] and none["high_factor"] is None and "whole_step_train_memory" in none["why"]
+
+
+def test_the_h100_run_that_ran_out_would_have_been_flagged():
+    """The 27th session's Qwen3-1.7B on an H100: the flat residue of record predicted 0.07 GiB of headroom (it ran
+    out at the KV wake); the measured memory spread marks such a fit at risk, and the text says so."""
+    args = parse_args(["--model", "Qwen3-1.7B", "--hardware", "H100-SXM-80G-measured", "--actor-num-gpus-per-node", "1",
+                       "--tensor-model-parallel-size", "1", "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine",
+                       "1", "--micro-batch-size", "4", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
+                       "--global-batch-size", "256", "--response-length", "fixed:1024", "--prompt-length", "fixed:128",
+                       "--gpu-memory-utilization", "0.89", "--num-rollout", "2"], command="simulate")
+    doc = build_document(simulate(args), deterministic=True)
+    jsonschema.validate(doc, SIMULATE_SCHEMA)
+    g = doc["memory"]["gpus"][0]
+    assert doc["verdict"]["fits"] and g["headroom_gib"] < 0.5 and doc["verdict"]["at_risk"]
+    assert doc["uncertainty"]["memory"]["gpus"][0]["peak_high_gib"] > g["capacity_gib"]
+    assert "AT RISK" in format_text(doc)
+
+
 def test_a_profile_without_spread_says_its_error_is_unknown():
     unc = uncertainty("H100-SXM-80G", (), {"rollout": 1.0, "train": 2.0}, 3.0)
     assert unc["basis"] is None and unc["t_step"] is None and unc["quantities"] == {}
@@ -123,7 +161,7 @@ def test_a_profile_without_spread_says_its_error_is_unknown():
 
 def test_measured_profile_bands_every_phase_of_a_simulation(measured_doc):
     jsonschema.validate(measured_doc, SIMULATE_SCHEMA)
-    assert measured_doc["schema"] == "vime.simulate/1.2"
+    assert measured_doc["schema"] == "vime.simulate/1.3"
     unc, phases = measured_doc["uncertainty"], measured_doc["summary"]["phases"]
     spread = dict(load_hardware("H200-141G-measured").spread)
     assert unc["basis"] == "H200-141G-measured" and set(unc["quantities"]) == set(spread)
@@ -138,6 +176,10 @@ def test_measured_profile_bands_every_phase_of_a_simulation(measured_doc):
         assert b["high_s"] == pytest.approx(p["seconds"] * hi, abs=1e-4)
         assert b["low_s"] <= p["seconds"] <= b["high_s"]
     assert unc["t_step"]["low_s"] < measured_doc["summary"]["t_step"] < unc["t_step"]["high_s"]
+    mem = unc["memory"]  # the seed scenario on the measured H200 has room beyond the memory model's spread
+    assert mem["high_factor"] >= 1.0 and not measured_doc["verdict"]["at_risk"]
+    assert all(m["peak_low_gib"] <= g["peak_gib"] <= m["peak_high_gib"] < g["capacity_gib"]
+               for m, g in zip(mem["gpus"], measured_doc["memory"]["gpus"], strict=True))
 
 
 def test_band_follows_the_profile_file(tmp_path):

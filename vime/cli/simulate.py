@@ -75,6 +75,15 @@ def format_text(doc: dict[str, Any]) -> str:
     if v["fits"]:
         worst = min((g["headroom_gib"] for g in doc["memory"]["gpus"]), default=0.0)
         lines.append(f"Verdict: FITS — smallest headroom {worst:.2f} GiB")
+        band = (doc.get("uncertainty") or {}).get("memory") or {}
+        risky = [g for g in band.get("gpus", []) if g["at_risk"]]
+        if risky:
+            caps = {g["gpu"]: g["capacity_gib"] for g in doc["memory"]["gpus"]}
+            over = "; ".join(f"GPU {g['gpu']}'s {g['high_phase']} up to {g['peak_high_gib']:.2f} of "
+                             f"{caps[g['gpu']]:.2f} GiB (measured levels ran up to {100 * (g['high_factor'] - 1):.1f} % "
+                             f"over the simulated)" for g in risky)
+            lines.append(f"  AT RISK (the runs measured for {doc['uncertainty']['basis']}): {over}; leave more headroom "
+                         f"(--gpu-memory-utilization, --micro-batch-size, --train-offload-plan)")
     else:
         o = v["oom"]
         lines.append(f"Verdict: OOM during {o['phase'] or '?'} (rollout {o['rollout_id']}) on GPU {o['gpu']}: "

@@ -328,6 +328,12 @@ def render_html(doc: dict[str, Any], recorder: Recorder, *, trace_href: str | No
                          f"{_dev(worst['gpu'])}, headroom {fmt_gib(worst['headroom_gib'])}" if fits else
                          f"{_dev(worst['gpu'])}, the most held before the OOM", "" if fits else "bad"))
     v = doc["verdict"]
+    risky = [g for g in ((doc.get("uncertainty") or {}).get("memory") or {}).get("gpus", []) if g["at_risk"]]
+    if v["fits"] and risky:  # fits, but by less than measured levels ran over the model
+        g = max(risky, key=lambda r: r["peak_high_gib"])
+        kpis.append(_kpi("At risk", f"up to {fmt_gib(g['peak_high_gib'])}",
+                         f"{_dev(g['gpu'])} in {g['high_phase']}: measured levels ran up to "
+                         f"{100 * (g['high_factor'] - 1):.1f} % over the model", "warn"))
     if not v["fits"]:
         o = v["oom"]
         kpis.append(_kpi("Out of memory", f"short by {fmt_gib(o['short_by_gib'])}",

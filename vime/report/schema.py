@@ -1,4 +1,4 @@
-"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1.2``) and of its trace file, for validation."""
+"""JSON Schemas of what `vime simulate --json` prints (``vime.simulate/1.3``) and of its trace file, for validation."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SIMULATE_SCHEMA: dict[str, Any] = {
     "required": ["schema", "vime_version", "config", "hardware", "model", "startup", "steps", "summary",
                  "rollout", "memory", "verdict", "uncertainty"],
     "properties": {
-        "schema": {"const": "vime.simulate/1.2"},
+        "schema": {"const": "vime.simulate/1.3"},
         "vime_version": {"type": "string"},
         "config": {"type": "object", "required": ["rollout_batch_size", "n_samples_per_prompt", "global_batch_size",
                                                   "tensor_model_parallel_size", "data_parallel_size"]},
@@ -44,15 +44,22 @@ SIMULATE_SCHEMA: dict[str, Any] = {
                                "tag_peaks_gib": {"type": "object", "additionalProperties": _NUM},
                                "phase_peaks_gib": {"type": "object", "additionalProperties": _NUM}}}},
             "host_pinned_peak_gib": _NUM}},
-        "verdict": {"type": "object", "required": ["fits", "oom", "fixes"], "properties": {
-            "fits": {"type": "boolean"},
+        "verdict": {"type": "object", "required": ["fits", "oom", "fixes", "at_risk"], "properties": {
+            "fits": {"type": "boolean"}, "at_risk": {"type": "boolean"},
             "oom": {"oneOf": [{"type": "null"}, {"type": "object", "required": [
                 "phase", "gpu", "owner", "tag", "requested_gib", "free_gib", "short_by_gib", "time_s"]}]},
             "fixes": {"type": "array", "items": {"type": "string"}},
             "fix_results": {"type": "array", "items": {"type": "object", "required": ["fix", "changes", "fits", "result"],
                                                         "properties": {"fits": {"type": "boolean"},
                                                                        "t_step_s": {"type": ["number", "null"]}}}}}},
-        "uncertainty": {"type": "object", "required": ["basis", "note", "phases", "t_step", "quantities"], "properties": {
+        "uncertainty": {"type": "object", "required": ["basis", "note", "phases", "t_step", "memory", "quantities"],
+                        "properties": {
+            "memory": {"type": "object", "required": ["rests_on", "low_factor", "high_factor", "gpus"], "properties": {
+                "low_factor": _NUM_OR_NULL, "high_factor": _NUM_OR_NULL,
+                "gpus": {"type": "array", "items": {"type": "object",
+                                                    "required": ["gpu", "peak_low_gib", "peak_high_gib", "high_phase",
+                                                                 "high_factor", "at_risk"],
+                                                    "properties": {"at_risk": {"type": "boolean"}}}}}},
             "basis": {"type": ["string", "null"]},
             "phases": {"type": "object", "required": _PHASES, "additionalProperties": {
                 "type": "object", "required": ["low_s", "high_s", "low_factor", "high_factor", "rests_on", "unmeasured"],

@@ -1,9 +1,10 @@
-"""The ``vime.simulate/1.2`` JSON document of one simulated configuration (`vime simulate --json`).
+"""The ``vime.simulate/1.3`` JSON document of one simulated configuration (`vime simulate --json`).
 
 Keys of the top-level object:
 
-- ``schema``: ``"vime.simulate/1.2"`` (1.1 adds ``uncertainty`` to 1, 1.2 ``phase_peaks_gib`` to each GPU of
-  ``memory``; readers of an earlier version read a later one unchanged);
+- ``schema``: ``"vime.simulate/1.3"`` (1.1 adds ``uncertainty`` to 1, 1.2 ``phase_peaks_gib`` to each GPU of
+  ``memory``, 1.3 ``uncertainty.memory`` and ``verdict.at_risk``; readers of an earlier version read a later one
+  unchanged);
   ``vime_version``.
 - ``config``: the resolved configuration (`vime simulate --dry-run --json`).
 - ``hardware`` / ``model``: what was simulated (name, memory, peak FLOP/s; parameters, layers).
@@ -25,13 +26,16 @@ Keys of the top-level object:
 - ``verdict``: ``fits`` (bool), ``oom`` (null or {phase, rollout_id, gpu, owner, tag,
   requested_gib, free_gib, short_by_gib, time_s, message}), ``fixes`` ([str]; when an OOM
   happened, each fix was simulated and says whether it then fits), ``fix_results`` (the same fixes
-  as data: [{fix, changes, fits, t_step_s, result}]).
+  as data: [{fix, changes, fits, t_step_s, result}]), ``at_risk`` (1.3: it fits, but some GPU's headroom
+  is smaller than what the memory model missed by on the profile's measured runs: ``uncertainty.memory``).
 - ``uncertainty`` (added in 1.1): how firm each phase is (`vime.sim.spread.uncertainty`):
   ``basis`` (the profile whose measured spread gives the bands, null when it has none), ``note``,
   ``phases`` {name: {low_s, high_s, low_factor, high_factor, rests_on [quantity], unmeasured [quantity],
   why (when no band)}},
-  ``t_step`` (null or {low_s, high_s, unbanded [phase]}), ``quantities`` (the profile's spread:
-  {quantity: {low, high, rows, source}}).
+  ``t_step`` (null or {low_s, high_s, unbanded [phase]}), ``memory`` (1.3: {rests_on, low_factor,
+  high_factor, gpus: [{gpu, peak_low_gib, peak_high_gib, high_phase, high_factor, at_risk}], why (when no
+  band)}), ``quantities`` (the
+  profile's spread: {quantity: {low, high, rows, source}}).
 - ``offload``: ``plan`` (the --train-offload-plan run), ``moved_gib_per_step`` (GiB copied between GPU
   and host per step over all GPUs: trainer_to_host, trainer_to_gpu, engines_to_host, engines_to_gpu,
   total), with ``auto`` what it chose ({chosen, baseline_all, resident, candidates}), and with an
@@ -50,7 +54,7 @@ from vime.orchestrator import PHASES, StepReport
 from vime.runs.sim import Simulation
 from vime.sim.spread import uncertainty
 
-SCHEMA = "vime.simulate/1.2"
+SCHEMA = "vime.simulate/1.3"
 GiB = 1024**3
 
 
@@ -146,7 +150,7 @@ def _verdict(sim: Simulation) -> dict[str, Any]:
 
 
 def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any = None) -> dict[str, Any]:
-    """The ``vime.simulate/1.2`` document (module docstring); identical for identical inputs and seed,
+    """The ``vime.simulate/1.3`` document (module docstring); identical for identical inputs and seed,
     apart from ``wall_s`` (left out with `deterministic`). With `calls` (a `vime.report.calls.CallLog`
     that watched the run, ``--record-calls``) start-up and every step carry their ``calls``."""
     hw, model = sim.backends.hardware, sim.backends.model
@@ -169,7 +173,9 @@ def build_document(sim: Simulation, *, deterministic: bool = False, calls: Any =
     }
     summary = doc["summary"]
     doc["uncertainty"] = uncertainty(hw.name, hw.spread, {p: v["seconds"] for p, v in summary["phases"].items()},
-                                     summary["t_step"])
+                                     summary["t_step"], doc["memory"]["gpus"])
+    # fits, but the headroom is inside what the memory model missed by on measured runs
+    doc["verdict"]["at_risk"] = any(g["at_risk"] for g in doc["uncertainty"]["memory"]["gpus"])
     asynchrony = async_summary(sim.steps, sim.args.async_rl)
     if asynchrony is not None:  # --async-mode one-step-off / fully-async only: the seed's document is unchanged
         doc["async"] = {k: {n: _r(x, 6) for n, x in v.items()} if isinstance(v, dict) else v for k, v in asynchrony.items()}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,10 @@ QUANTITIES: dict[str, str] = {
     "collective": "NCCL all-reduce / all-gather",
     **{f"whole_step_{p}": f"the {p.replace('_', ' ')} phase of whole colocated RL steps (vime train --backend real)"
        for p in ("rollout", "offload", "train", "onload_weights", "weight_sync", "onload_kv")},
+    "whole_step_rollout_memory": "the GPU's level while whole colocated RL steps roll out (nvidia-smi), the engines "
+                                 "mapped: against the simulated rollout phase's peak",
+    "whole_step_train_memory": "the GPU's level while whole colocated RL steps train (nvidia-smi): against the "
+                               "simulated train phase's peak",
 }
 
 #: Which measured quantities each phase's time rests on (the phase's band is the widest of them): the
@@ -33,6 +37,10 @@ PHASE_QUANTITIES: dict[str, tuple[str, ...]] = {
     "onload_kv": ("engine_wake", "whole_step_onload_kv"),
     "gap": (),
 }
+
+#: The measured quantity each phase's memory rests on: the train phase's own, every other phase the rollout's
+#: (the engines' mapped memory decides them).
+TRAIN_MEMORY, ENGINE_MEMORY = "whole_step_train_memory", "whole_step_rollout_memory"
 
 #: Implausible measured/predicted ratios: a spread this wide is a broken fit, not a band.
 _RATIO_RANGE = (0.01, 100.0)
@@ -89,7 +97,34 @@ def _r(x: float) -> float:
     return round(float(x), 4)
 
 
-def uncertainty(hardware_name: str, spread: Spread, phases: Mapping[str, float], t_step: float) -> dict[str, Any]:
+def memory_band(hardware_name: str, spread: Spread, gpus: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each GPU's peak as its phases' peaks times the lowest and highest measured/predicted level of the
+    profile's whole runs (the train phase by the train level's, the others by the rollout level's), and whether
+    a configuration the model says fits could run out at the high end (``at_risk``: its headroom is inside what
+    the memory model has missed by). Without both measured quantities: no band (null, with why)."""
+    known = dict(spread)
+    rests_on = [ENGINE_MEMORY, TRAIN_MEMORY]
+    if not all(q in known for q in rests_on):
+        missing = [q for q in rests_on if q not in known]
+        return {"rests_on": rests_on, "low_factor": None, "high_factor": None, "gpus": [],
+                "why": f"{hardware_name} has no measured spread for {', '.join(missing)}"}
+    def q(phase: str) -> QuantitySpread:
+        return known[TRAIN_MEMORY if phase == "train" else ENGINE_MEMORY]
+
+    rows = []
+    for g in gpus:
+        peaks = g.get("phase_peaks_gib") or {"rollout": g["peak_gib"]}
+        lo = max(v * q(ph).low for ph, v in peaks.items())
+        high_phase = max(sorted(peaks), key=lambda ph: peaks[ph] * q(ph).high)
+        hi = peaks[high_phase] * q(high_phase).high
+        rows.append({"gpu": g["gpu"], "peak_low_gib": _r(lo), "peak_high_gib": _r(hi), "high_phase": high_phase,
+                     "high_factor": _r(q(high_phase).high), "at_risk": bool(g["peak_gib"] <= g["capacity_gib"] < hi)})
+    return {"rests_on": rests_on, "low_factor": _r(min(known[q].low for q in rests_on)),
+            "high_factor": _r(max(known[q].high for q in rests_on)), "gpus": rows}
+
+
+def uncertainty(hardware_name: str, spread: Spread, phases: Mapping[str, float], t_step: float,
+                gpus: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The document's ``uncertainty`` section: each phase's band from the quantities it rests on.
 
     A phase's band is its predicted seconds times the lowest and highest measured/predicted ratio of
@@ -129,8 +164,8 @@ def uncertainty(hardware_name: str, spread: Spread, phases: Mapping[str, float],
             "phase is an estimate of unknown error; held-out published whole steps were off by tens of percent "
             "on these presets (bench/data/published/RESULTS.md); bench/spread.py records one for a calibrated profile")
     return {"basis": hardware_name if spread else None, "note": note, "phases": out_phases, "t_step": t_band,
-            "quantities": spread_to_dict(spread)}
+            "memory": memory_band(hardware_name, spread, gpus), "quantities": spread_to_dict(spread)}
 
 
-__all__ = ["QUANTITIES", "PHASE_QUANTITIES", "QuantitySpread", "Spread", "parse_spread", "spread_to_dict",
-           "uncertainty"]
+__all__ = ["QUANTITIES", "PHASE_QUANTITIES", "ENGINE_MEMORY", "TRAIN_MEMORY", "memory_band", "QuantitySpread", "Spread",
+           "parse_spread", "spread_to_dict", "uncertainty"]
