@@ -194,3 +194,47 @@ def test_a_search_with_a_kl_reference_chooses_where_it_lives_and_agrees_with_the
     best, _, _ = run_search(base, points=points, workers=1)
     assert best is not None and best.changes == want.changes and best.t_step == want.t_step
     assert search_mod.REF_AXIS not in search_mod.search_axes(parse_args(SMALL, command="simulate"))
+
+
+#: Qwen3-1.7B on one H100 with vime's stack: at 0.89 of the GPU it fits by 0.02 GiB, inside what measured levels ran
+#: over the memory model (the 27th session's step at 0.9 ran out of memory); at micro-batch 2 and 0.8 it is clear of
+#: the band (micro-batch 4 trains at 76 GiB, inside the train levels' band whatever the engines' share).
+TIGHT = ["--model", "Qwen3-1.7B", "--hardware", "H100-SXM-80G-measured", "--actor-num-gpus-per-node", "1",
+         "--tensor-model-parallel-size", "1", "--rollout-num-gpus", "1", "--rollout-num-gpus-per-engine", "1",
+         "--micro-batch-size", "4", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
+         "--global-batch-size", "256", "--response-length", "fixed:1024", "--prompt-length", "fixed:128",
+         "--num-rollout", "2"]
+
+
+def test_a_fit_inside_the_memory_band_is_at_risk_and_ranks_after_the_clear_ones() -> None:
+    base = parse_args(TIGHT, command="simulate")
+    tight = simulate_point(base, {"gpu_memory_utilization": 0.89})
+    clear = simulate_point(base, {"micro_batch_size": 2, "gpu_memory_utilization": 0.8})
+    assert tight.fits and tight.at_risk and tight.status == "at risk"
+    assert clear.fits and not clear.at_risk and clear.status == "fits"
+    assert tight.t_step < clear.t_step  # faster: ranked after it for its memory alone
+    assert sorted([tight, clear], key=lambda r: r.rank_key()) == [clear, tight]
+
+
+def test_the_search_winner_is_clear_of_the_memory_band_when_one_meets_the_goal() -> None:
+    base = parse_args(TIGHT, command="simulate")
+    points = [{"gpu_memory_utilization": 0.89}, {"micro_batch_size": 2, "gpu_memory_utilization": 0.8},
+              {"micro_batch_size": 2, "gpu_memory_utilization": 0.89}]
+    best, ranked, _ = run_search(base, goal="fastest", points=points, workers=1)
+    assert best is not None and not best.at_risk and ranked[0] is best
+    assert best.changes == points[1] and best.t_step > min(r.t_step for r in ranked if r.fits)
+    assert any(r.at_risk for r in ranked)
+    only_tight, _, _ = run_search(base, goal="fastest", points=points[:1], workers=1)
+    assert only_tight is not None and only_tight.at_risk  # nothing clear of it: still the answer, marked
+
+
+def test_sweep_text_csv_and_page_say_at_risk() -> None:
+    from vime.cli.simulate import format_csv, format_results
+    from vime.report.html_sweep import render_sweep_html
+
+    base = parse_args(TIGHT, command="simulate")
+    rows = sorted((simulate_point(base, {"gpu_memory_utilization": u}) for u in (0.89, 0.95)), key=lambda r: r.rank_key())
+    assert [r.status for r in rows] == ["at risk", "OOM"]
+    assert "at risk" in format_results(rows) and ",at risk," in format_csv(rows)
+    assert '<span class="badge warn">at risk</span>' in render_sweep_html(rows, base, kind="sweep",
+                                                                          axes=["gpu_memory_utilization"])

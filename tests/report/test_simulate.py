@@ -39,7 +39,7 @@ def test_default_scenario_is_the_seed_and_fits(default_doc):
     assert (cfg["rollout_batch_size"], cfg["n_samples_per_prompt"], cfg["global_batch_size"]) == (32, 8, 256)
     assert (cfg["tensor_model_parallel_size"], cfg["data_parallel_size"], cfg["rollout_num_engines"]) == (2, 4, 4)
     assert default_doc["model"]["name"] == "Qwen3-4B" and default_doc["hardware"]["name"] == "H100-SXM-80G"
-    assert default_doc["verdict"] == {"fits": True, "oom": None, "fixes": [], "fix_results": []}
+    assert default_doc["verdict"] == {"fits": True, "oom": None, "fixes": [], "fix_results": [], "at_risk": False}
     assert len(default_doc["memory"]["gpus"]) == 8
     for g in default_doc["memory"]["gpus"]:
         assert 0 < g["peak_gib"] <= g["capacity_gib"]

@@ -221,7 +221,7 @@ def trace_href(args: Any) -> str | None:
 def _rows(results: Sequence[PointResult]) -> list[dict[str, Any]]:
     rows = []
     for rank, r in enumerate(results, 1):
-        status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
+        status = r.status
         fits = r.valid and r.fits
         row: dict[str, Any] = {"rank": rank, **{k: r.changes[k] for k in sorted(r.changes)}, "status": status,
                                "t_step_s": r.t_step if fits else "", "peak_gib": r.peak_gib,
@@ -282,7 +282,7 @@ def _log_point(total: int) -> Any:
 
     def log(r: PointResult) -> None:
         done[0] += 1
-        status = "fits" if r.valid and r.fits else ("OOM" if r.valid else "invalid")
+        status = r.status
         print(f"[{done[0]}/{total}] {json.dumps(r.changes, default=str)} {status}", file=sys.stderr, flush=True)
 
     return log
@@ -342,6 +342,9 @@ def run_sweep_command(args: Args) -> int:
             else:
                 print(f"Best ({args.search}): T_step {best.t_step:.3f} s on {best.gpus} GPUs — "
                       f"{best.gpu_s_per_step:,.1f} GPU·s per step, {best.gpu_s_per_1k_samples:,.1f} GPU·s per 1k samples")
+                if best.at_risk:
+                    print("  AT RISK: it fits by less than measured memory levels have run over the model on this "
+                          "profile, and no configuration clear of that met the goal (vime simulate it for the band)")
                 print(" ".join(best.argv))
                 for word, what in placeholders(best.argv).items():
                     print(f"  {word} is a placeholder: {what}")

@@ -52,7 +52,8 @@ def sweep_rows(results: Sequence[Any], samples: int | None = None) -> list[dict[
     for rank, r in enumerate(results, 1):
         status = "fits" if r.valid and r.fits else ("oom" if r.valid else "invalid")
         rows.append({"rank": rank, "label": change_label(r.changes), "changes": {k: r.changes[k] for k in sorted(r.changes)},
-                     "status": status, "t_step": r.t_step if status == "fits" else None,
+                     "status": status, "at_risk": bool(getattr(r, "at_risk", False)) and status == "fits",
+                     "t_step": r.t_step if status == "fits" else None,
                      "phases": {p: r.phases.get(p, 0.0) for p in PHASE_ORDER if r.phases.get(p)} if status == "fits" else {},
                      "gpus": r.gpus, "gpu_s_step": r.gpu_s_per_step if status == "fits" else None,
                      "gpu_s_1k": r.gpu_s_per_1k_samples if status == "fits" else None,
@@ -69,6 +70,9 @@ def _sweep_table(rows: list[dict[str, Any]], axes: Sequence[str]) -> str:
     for r in rows:
         badge = {"fits": '<span class="badge good">fits</span>', "oom": '<span class="badge bad">OOM</span>',
                  "invalid": '<span class="badge">invalid</span>'}[r["status"]]
+        if r.get("at_risk"):  # fits by less than measured levels ran over the memory model
+            badge = '<span class="badge warn">at risk</span>'
+
         vals = [r["changes"].get(a, "") for a in axes]
         body.append([(str(r["rank"]), r["rank"]), *[(str(v), v if isinstance(v, (int, float)) else str(v)) for v in vals],
                      (_Raw(badge), r["status"]),

@@ -52,7 +52,7 @@ from vime import __version__
 from vime.async_loop import async_summary
 from vime.orchestrator import PHASES, StepReport
 from vime.runs.sim import Simulation
-from vime.sim.spread import uncertainty
+from vime.sim.spread import memory_band, uncertainty
 
 SCHEMA = "vime.simulate/1.3"
 GiB = 1024**3
@@ -135,6 +135,14 @@ def _memory(sim: Simulation) -> dict[str, Any]:
         })
     host = rec.gpu_peaks.get(HOST)
     return {"gpus": gpus, "host_pinned_peak_gib": _r(host.bytes / GiB, 3) if host else 0.0}
+
+
+def memory_at_risk(sim: Simulation) -> bool:
+    """`sim` fits, but some GPU's high end of the profile's measured memory band passes its capacity."""
+    if not sim.fits:
+        return False
+    hw = sim.backends.hardware
+    return any(g["at_risk"] for g in memory_band(hw.name, hw.spread, _memory(sim)["gpus"])["gpus"])
 
 
 def _verdict(sim: Simulation) -> dict[str, Any]:

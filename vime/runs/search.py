@@ -330,7 +330,9 @@ class _Search:
         self.base, self.goal, self.target, self.stats, self.exhaustive = base, goal, target, stats, exhaustive
         self.wake_slack = trainer_wake_slack(base)
         self.done: dict[str, PointResult] = {}
-        self.best: PointResult | None = None
+        self.best: PointResult | None = None  # the winner: the best clear of the memory band, else the best at risk
+        self.best_safe: PointResult | None = None
+        self.best_at_risk: PointResult | None = None
         self.engine_seen: dict[str, float] = {}
         self.trainer_seen: dict[str, float] = {}
         self.bar: Any = None
@@ -367,8 +369,9 @@ class _Search:
             if self.target is not None and t > self.target * (1 + _TOL):
                 self._prune(item, "target", f"T_step ≥ {t:.3f} s > --target-step-time {self.target:g}")
                 continue
-            if self.best is not None and worse(item.key, objective(self.goal, self.best)):
-                best = objective(self.goal, self.best)[0]
+            # only a winner clear of the memory band bounds the rest: an at-risk one may yet lose to a safe point
+            if self.best_safe is not None and worse(item.key, objective(self.goal, self.best_safe)):
+                best = objective(self.goal, self.best_safe)[0]
                 for rest in [item, *heap]:  # every open bound is at least this one's
                     self._prune(rest, "bound-after-one-step" if rest.after_one_step else "bound",
                                 f"objective ≥ {rest.key[0]:.3f}, the best simulated has {best:.3f}")
@@ -411,10 +414,13 @@ class _Search:
                 self.trainer_seen.setdefault(item.trainer_key, sum(r.phases.get(p, 0.0) for p in TRAINER_PHASES)
                                              - self.wake_slack)
             meets = fits and (self.target is None or r.t_step <= self.target)
-            if meets and (self.best is None or (objective(self.goal, r), item.tie)
-                          < (objective(self.goal, self.best), _tie(self.best.changes))):
-                self.best = r
-                self.bar.set_postfix_str(f"best {r.t_step:.3f} s on {r.gpus} GPUs")
+            slot = "best_at_risk" if r.at_risk else "best_safe"
+            ref = getattr(self, slot)
+            if meets and (ref is None or (objective(self.goal, r), item.tie)
+                          < (objective(self.goal, ref), _tie(ref.changes))):
+                setattr(self, slot, r)
+                self.best = self.best_safe or self.best_at_risk
+                self.bar.set_postfix_str(f"best {self.best.t_step:.3f} s on {self.best.gpus} GPUs")
         self.bar.update(1)
 
 

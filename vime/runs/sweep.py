@@ -24,6 +24,7 @@ from typing import Any
 from vime.async_loop import warmup_steps
 from vime.config import Args, build_parser
 from vime.errors import ConfigError, Interrupted, VimeError
+from vime.runs.document import memory_at_risk
 from vime.runs.sim import simulate
 
 GiB = 1024**3
@@ -58,11 +59,20 @@ class PointResult:
     gpu_s_per_step: float = 0.0  # GPUs × T_step (fitting points)
     gpu_s_per_1k_samples: float = 0.0
     stage: str = "full"  # every step of --num-rollout, or "one-step": a search's first pass (step 0 alone)
+    at_risk: bool = False  # fits by less than the profile's measured memory band (vime.sim.spread.memory_band)
+
+    @property
+    def status(self) -> str:
+        """fits / at risk / OOM / invalid."""
+        if not self.valid:
+            return "invalid"
+        return ("at risk" if self.at_risk else "fits") if self.fits else "OOM"
 
     def rank_key(self) -> tuple[Any, ...]:
-        """Fitting points first by T_step, then OOM points, then invalid ones; ties by the changes."""
-        group = 0 if self.valid and self.fits else (1 if self.valid else 2)
-        return (group, self.t_step if group == 0 else 0.0, json.dumps(self.changes, sort_keys=True, default=str))
+        """Fitting points first by T_step (those inside the memory band after the rest), then OOM points, then
+        invalid ones; ties by the changes."""
+        group = {"fits": 0, "at risk": 1, "OOM": 2, "invalid": 3}[self.status]
+        return (group, self.t_step if group <= 1 else 0.0, json.dumps(self.changes, sort_keys=True, default=str))
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +190,7 @@ def simulate_point(base: Args, changes: dict[str, Any]) -> PointResult:
         res.valid, res.error = False, f"{type(exc).__name__}: {exc}"
         return res
     res.fits = sim.fits
+    res.at_risk = memory_at_risk(sim)
     if sim.steps:
         # async modes: their warm-up steps (the first rollout, a fully-async pipeline's fill) left out when there are more
         warmup = warmup_steps(args.async_rl)

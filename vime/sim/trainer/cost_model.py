@@ -33,9 +33,9 @@ from vime.sim.trainer.layout import Layout
 
 if TYPE_CHECKING:
     from vime.config import ClusterConfig, ParallelConfig
-    from vime.types import TrainBatch
     from vime.sim.hardware import HardwareSpec
     from vime.sim.models import ModelSpec, Recompute
+    from vime.types import TrainBatch
 
 #: One weight-sync bucket: HF names, shapes, bytes.
 Bucket = tuple[list[str], list[tuple[int, ...]], int]
