@@ -144,12 +144,16 @@ def test_the_h100_run_that_ran_out_would_have_been_flagged():
                        "1", "--micro-batch-size", "4", "--rollout-batch-size", "32", "--n-samples-per-prompt", "8",
                        "--global-batch-size", "256", "--response-length", "fixed:1024", "--prompt-length", "fixed:128",
                        "--gpu-memory-utilization", "0.89", "--num-rollout", "2"], command="simulate")
-    doc = build_document(simulate(args), deterministic=True)
+    sim = simulate(args)
+    doc = build_document(sim, deterministic=True)
     jsonschema.validate(doc, SIMULATE_SCHEMA)
     g = doc["memory"]["gpus"][0]
     assert doc["verdict"]["fits"] and g["headroom_gib"] < 0.5 and doc["verdict"]["at_risk"]
     assert doc["uncertainty"]["memory"]["gpus"][0]["peak_high_gib"] > g["capacity_gib"]
     assert "AT RISK" in format_text(doc)
+    from vime.report.html import render_html
+
+    assert 'class="kpi warn"><div class="kpi-label">At risk' in render_html(doc, sim.backends.recorder)
 
 
 def test_a_profile_without_spread_says_its_error_is_unknown():
