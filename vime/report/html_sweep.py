@@ -52,7 +52,7 @@ def sweep_rows(results: Sequence[Any], samples: int | None = None) -> list[dict[
     for rank, r in enumerate(results, 1):
         status = "fits" if r.valid and r.fits else ("oom" if r.valid else "invalid")
         rows.append({"rank": rank, "label": change_label(r.changes), "changes": {k: r.changes[k] for k in sorted(r.changes)},
-                     "status": status, "at_risk": bool(getattr(r, "at_risk", False)) and status == "fits",
+                     "status": status, "at_risk": r.at_risk and status == "fits",
                      "t_step": r.t_step if status == "fits" else None,
                      "phases": {p: r.phases.get(p, 0.0) for p in PHASE_ORDER if r.phases.get(p)} if status == "fits" else {},
                      "gpus": r.gpus, "gpu_s_step": r.gpu_s_per_step if status == "fits" else None,
