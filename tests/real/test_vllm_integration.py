@@ -38,6 +38,11 @@ LONG = {"max_tokens": 1800, "temperature": 1.0, "logprobs": 1, "ignore_eos": Tru
 #: A request that runs long enough for a pause to land even on a machine loaded far past its cores
 #: (the tiny model decodes ~1000 tokens/s on a free core); prompt + 4000 ≤ max_model_len 4096.
 ABORTABLE = {**LONG, "max_tokens": 4000}
+#: The request an abort must meet mid-way: on two cores shared with other work the API server is starved and takes
+#: up to ~30 s to admit a new request (the probe) while the engine core decodes ~200 tokens/s; 16000 tokens outlast it.
+ABORTED = {**LONG, "max_tokens": 16000}
+#: The servers' context: the longest request above plus its prompt.
+MAX_MODEL_LEN = 16384
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "logprobs": 1, "ignore_eos": True}
 
 
@@ -65,11 +70,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     from vime.config import parse_args
 
     root = tmp_path_factory.mktemp("vllm")
-    model = build_tiny_qwen3(root / "tiny", TinyModelSpec(seed=0))
-    alt = build_tiny_qwen3(root / "tiny-seed1", TinyModelSpec(seed=1))
+    model = build_tiny_qwen3(root / "tiny", TinyModelSpec(seed=0, max_position_embeddings=MAX_MODEL_LEN))
+    alt = build_tiny_qwen3(root / "tiny-seed1", TinyModelSpec(seed=1, max_position_embeddings=MAX_MODEL_LEN))
     args = parse_args(["--hf-checkpoint", str(model), "--actor-num-gpus-per-node", "2",
                        "--tensor-model-parallel-size", "1", "--rollout-num-gpus-per-engine", "1",
-                       "--rollout-max-context-len", "4096"], command="train")
+                       "--rollout-max-context-len", str(MAX_MODEL_LEN)], command="train")
     # CPU: float32 (bf16 kernels die with SIGILL on some x86 hosts), eager (starts in ~45 s), 1 GiB KV.
     specs = engine_specs(args, device="cpu", dtype="float32", enforce_eager=True, cpu_kvcache_space_gib=1,
                          max_num_seqs=128)
@@ -102,15 +107,15 @@ class StreamProbe:
     before it has about as many — no fixed sleeps, and no reliance on metrics that update late.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, sampling: dict | None = None) -> None:
         self.url = url
+        self.sampling = sampling or ABORTABLE  # as long as the request under test, so the probe outlives it
         self.count = 0
         self._client = httpx.AsyncClient(timeout=None)
         self._task: asyncio.Task[None] | None = None
 
     async def _read(self) -> None:
-        # as long as the request under test, so the probe outlives it (a shorter probe could end first)
-        body = {"token_ids": [3, 4, 5], "sampling_params": ABORTABLE, "stream": True}
+        body = {"token_ids": [3, 4, 5], "sampling_params": self.sampling, "stream": True}
         async with self._client.stream("POST", f"{self.url}/inference/v1/generate", json=body) as resp:
             async for line in resp.aiter_lines():
                 if line.startswith("data: {"):
@@ -228,8 +233,8 @@ PAUSE_ATTEMPTS = 3
 
 def test_pause_abort_returns_partial_tokens(cluster: Cluster):
     async def main():
-        async with cluster.engine(1) as eng, StreamProbe(eng.base_url) as probe:
-            task = asyncio.create_task(eng.generate(req([5, 6, 7], ABORTABLE)))
+        async with cluster.engine(1) as eng, StreamProbe(eng.base_url, ABORTED) as probe:
+            task = asyncio.create_task(eng.generate(req([5, 6, 7], ABORTED)))
             await asyncio.sleep(0)  # let the request go out before the probe
             await probe.wait_until_running(2, timeout_s=3.0)  # best effort: a long wait eats the request
             await eng.pause("abort")
@@ -241,10 +246,10 @@ def test_pause_abort_returns_partial_tokens(cluster: Cluster):
             return res, paused, await eng.is_paused()
     for _ in range(PAUSE_ATTEMPTS):
         res, paused, after = run(main())
-        if not (res.finish_reason == "length" and len(res.token_ids) == 4000):
+        if not (res.finish_reason == "length" and len(res.token_ids) == ABORTED["max_tokens"]):
             break  # the pause met the running request (a lost race leaves it complete)
     assert res.finish_reason == "abort", (res.finish_reason, len(res.token_ids))
-    assert 0 < len(res.token_ids) < 4000 and len(res.log_probs) == len(res.token_ids)
+    assert 0 < len(res.token_ids) < ABORTED["max_tokens"] and len(res.log_probs) == len(res.token_ids)
     assert (paused, after) == (True, False)
 
 
