@@ -198,9 +198,10 @@ def whole_step_spread(profile: str = PROFILE) -> dict[str, dict]:
         if not ratios:
             continue
         lo, hi = min(ratios, key=lambda r: r[1]), max(ratios, key=lambda r: r[1])
-        what = (f"GPU level while {phase.split('_')[0].replace('rollout', 'rolling out').replace('train', 'training')} "
+        doing = {"rollout_memory": "rolling out", "train_memory": "training"}.get(phase)
+        what = (f"GPU level while {doing} "
                 f"over {len(ratios)} whole colocated RL runs (nvidia-smi every 0.5 s; their compare.json) on one H200 "
-                f"(runs " if phase.endswith("_memory") else
+                f"(runs " if doing else
                 f"{phase} over {len(ratios)} whole colocated RL steps on one H200 (steps after the first of runs ")
         out[f"whole_step_{phase}"] = {
             "low": round(min(lo[1], 1.0), 4), "high": round(max(hi[1], 1.0), 4), "rows": len(ratios),

@@ -330,12 +330,16 @@ class _Search:
         self.base, self.goal, self.target, self.stats, self.exhaustive = base, goal, target, stats, exhaustive
         self.wake_slack = trainer_wake_slack(base)
         self.done: dict[str, PointResult] = {}
-        self.best: PointResult | None = None  # the winner: the best clear of the memory band, else the best at risk
         self.best_safe: PointResult | None = None
         self.best_at_risk: PointResult | None = None
         self.engine_seen: dict[str, float] = {}
         self.trainer_seen: dict[str, float] = {}
         self.bar: Any = None
+
+    @property
+    def best(self) -> PointResult | None:
+        """The winner: the best clear of the memory band, else the best at risk."""
+        return self.best_safe or self.best_at_risk
 
     def ranked(self) -> list[PointResult]:
         ranked = sorted(self.done.values(), key=PointResult.rank_key)
@@ -419,8 +423,8 @@ class _Search:
             if meets and (ref is None or (objective(self.goal, r), item.tie)
                           < (objective(self.goal, ref), _tie(ref.changes))):
                 setattr(self, slot, r)
-                self.best = self.best_safe or self.best_at_risk
-                self.bar.set_postfix_str(f"best {self.best.t_step:.3f} s on {self.best.gpus} GPUs")
+                best = self.best or r
+                self.bar.set_postfix_str(f"best {best.t_step:.3f} s on {best.gpus} GPUs")
         self.bar.update(1)
 
 
