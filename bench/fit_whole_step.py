@@ -42,7 +42,8 @@ Each term is structural (one value for every model, batch and run) and fitted on
    tensors) and the MoE whole step of the second 2026-12-02 lease (6 buckets, 1,575 tensors). Held out: every dense
    whole step's perf/update_weights_load_time (2..8 buckets of 311 or 399 tensors).
 6. Process memory outside the allocators (software.trainer_process_bytes beyond the CUDA context, and
-   engine.outside_budget_bytes (EngineSettings) beyond vLLM's --gpu-memory-utilization budget): the per-process GPU
+   engine.outside_budget_bytes (EngineSettings) beyond vLLM's --gpu-memory-utilization budget and, where they sit beside
+   it (EngineSettings.graphs_beside_budget, vLLM 0.25.1), beyond its CUDA context and graphs): the per-process GPU
    samples (gpu_procs.csv, nvidia-smi) of the third 2026-12-02 lease at the GPU's fullest moment, the trainer
    asleep; the trainer's own count of what its allocator holds then (memory/asleep_* in train.jsonl) is taken
    off. Fitted on the Qwen3-4B `all` run; held out: the MoE run and the 4B run with the trainer resident.
@@ -570,7 +571,13 @@ def process_outside(run: str, profile: dict) -> tuple[int, int]:
     m = [e for e in events if e.get("event") == "step"][-1]["metrics"]
     held = sum(m[f"memory/asleep_{k}_gib"] for k in ("params", "grads", "optimizer", "torch_cache")) * GIB
     util = json.loads((d / "sim.json").read_text())["config"]["gpu_memory_utilization"]
-    return (int(sample[trainer_pid] * MIB - held), int(engine_mib * MIB - int(util * profile["memory_bytes"])))
+    from vime.sim.engine.settings import EngineSettings
+
+    engine = profile.get("engine", {})
+    # vLLM 0.25.1 keeps its CUDA context and graphs beside the budget (EngineSettings.graphs_beside_budget): not outside it
+    beside = (profile["cuda_context_bytes"] + engine.get("cuda_graph_bytes", EngineSettings().cuda_graph_bytes)
+              if engine.get("graphs_beside_budget") else 0)
+    return (int(sample[trainer_pid] * MIB - held), int(engine_mib * MIB - int(util * profile["memory_bytes"]) - beside))
 
 
 def process_terms(profile: dict) -> tuple[dict[str, int], list[str]]:
@@ -584,7 +591,7 @@ def process_terms(profile: dict) -> tuple[dict[str, int], list[str]]:
     for run in PROC_RUNS:
         t, e = process_outside(run, profile)
         lines.append(f"{run:44s} trainer outside its allocator {t / GIB:5.2f} GiB (model {have_t / GIB:5.2f}), "
-                     f"engine beyond its budget {e / GIB:5.2f} GiB (model {have_e / GIB:5.2f})"
+                     f"engine beyond its budget, context and graphs {e / GIB:5.2f} GiB (model {have_e / GIB:5.2f})"
                      + ("  [fitted]" if run == PROC_RUNS[0] else "  [held out]"))
     return fitted, lines
 

@@ -74,6 +74,10 @@ def build() -> dict:
     h200 = json.loads(H200.read_text())
     prof["software"]["train_step_residue_bytes"] = h200["software"]["train_step_residue_bytes"]
     src["software.train_step_residue_bytes"] = h200["sources"]["software.train_step_residue_bytes"]
+    # vLLM 0.25.1's memory picture since the 28th session: context and graphs beside the budget, the rest re-fitted
+    for k in ("outside_budget_bytes", "graphs_beside_budget"):
+        prof["engine"][k] = h200["engine"][k]
+        src[f"engine.{k}"] = h200["sources"][f"engine.{k}"]
     for q in ("whole_step_rollout_memory", "whole_step_train_memory"):  # the same software's memory model
         prof["spread"][q] = dict(h200["spread"][q], source="H200-141G-measured's (the same software's memory model; "
                                  "the H100's own whole steps are checked against it in tests/bench/"

@@ -119,7 +119,7 @@ def test_rebuilt_profile_loads_and_writes_every_field(rebuilt: Path):
     # every value the hand-fitted preset explains has a note, and every measured/fitted one says how
     # (the process-memory terms are fitted on whole RL steps by bench/fit_whole_step.py, not by calibrate.py)
     whole_step = {"software.trainer_process_bytes", "engine.outside_budget_bytes", "engine.sleep_backup_runtime",
-                  "engine.kv_read_bytes_per_s", "engine.sample_s_per_logit"}
+                  "engine.graphs_beside_budget", "engine.kv_read_bytes_per_s", "engine.sample_s_per_logit"}
     missing = set(PRESET_JSON["sources"]) - whole_step - set(data["sources"])
     assert not missing, sorted(missing)
     for key in ("efficiency.train_mfu", "efficiency.decode_bw_util", "efficiency.prefill_mfu",

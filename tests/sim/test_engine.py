@@ -571,6 +571,41 @@ def test_vllm_0_25_1_sleeps_copy_no_runtime_memory() -> None:
     assert walls[0] < walls[1]
 
 
+def test_vllm_0_25_1_keeps_context_and_graphs_beside_the_budget() -> None:
+    """EngineSettings.graphs_beside_budget 1 (vLLM 0.25.1, the measured profiles): the KV cache is the budget less the
+    weights and activations, the context and graphs held beside it; the graphs stay mapped through sleeps, and a wake
+    cycle still ends at each sleep (the second step's KV wake costs what the first did)."""
+    inside, _ = _engine_with_allocator(sleep_backup_runtime=0)
+    e, cluster = _engine_with_allocator(sleep_backup_runtime=0, graphs_beside_budget=1)
+    kv = e.kv
+    assert kv.kv_cache_bytes == kv.budget_bytes - kv.weight_bytes - kv.activation_peak_bytes
+    assert kv.kv_cache_bytes - inside.kv.kv_cache_bytes == kv.cuda_graph_bytes + kv.context_bytes
+    assert not kv.graphs_in_pool and inside.kv.graphs_in_pool
+    g0 = cluster.gpus[0]
+    assert g0.used("engine0") == kv.context_bytes + kv.cuda_graph_bytes + kv.weight_bytes + kv.activation_peak_bytes \
+        + kv.kv_allocated_bytes
+
+    async def main() -> list[float]:
+        walls = []
+        for _ in range(2):
+            await e.sleep(2)
+            assert g0.used("engine0") == kv.context_bytes + kv.cuda_graph_bytes  # the graphs stay
+            await e.wake_up(["weights"])
+            t0 = clock.now()
+            await e.wake_up(["kv_cache", "cuda_graph"])
+            walls.append(clock.now() - t0)
+            assert g0.used("engine0", "cuda_graph") == kv.cuda_graph_bytes
+        return walls
+
+    first, second = clock.run(main(), env=e.env)
+    assert second == pytest.approx(first)
+
+
+def test_graphs_beside_budget_is_zero_or_one() -> None:
+    with pytest.raises(ConfigError, match="graphs_beside_budget must be 0"):
+        EngineSettings(graphs_beside_budget=0.5)
+
+
 def test_sleep_backup_runtime_is_zero_or_one() -> None:
     with pytest.raises(ConfigError, match="sleep_backup_runtime must be 0"):
         EngineSettings(sleep_backup_runtime=2)

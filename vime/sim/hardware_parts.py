@@ -17,7 +17,7 @@ SERVER_COST_FIELDS = ("http_rtt_s", "request_overhead_s", "response_per_request_
                       "sleep_per_tensor_s",
                       "wake_per_tensor_s", "start_update_call_s", "finish_update_call_s", "first_update_s",
                       "flush_cache_s", "pause_call_s", "ipc_open_s", "load_per_tensor_s", "restart_s", "cuda_graph_bytes",
-                      "outside_budget_bytes", "sleep_backup_runtime",
+                      "outside_budget_bytes", "sleep_backup_runtime", "graphs_beside_budget",
                       "kv_cache_space_bytes", "kv_read_bytes_per_s", "sample_s_per_logit", "wake_spill_share",
                       "wake_spill_s_per_gib", "wake_ready_s_per_gib")
 

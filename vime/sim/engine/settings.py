@@ -43,6 +43,12 @@ class EngineSettings:
     #: where they are CuMem tags at both levels, seed step 36). 0: vLLM 0.25.1, where only the weights' pool is
     #: ever copied ("0.00 GiB is backed up in CPU" at level 2 on the H200): they are dropped and come back empty.
     sleep_backup_runtime: float = 1
+    #: 1: vLLM 0.25.1 (the H200's engine logs): the KV cache is the --gpu-memory-utilization budget less the weights and
+    #: the profiled activations, while the CUDA context and the CUDA graphs sit beside the budget ("Available KV cache
+    #: memory" 0.83-1.05 GiB above budget - weights - activations - context - graphs, 0.50-0.54 eager); the graphs,
+    #: captured outside the CuMem pool, stay mapped through every sleep (asleep, the engine held its context + 0.385
+    #: GiB + its graphs). 0: the seed's vLLM, where both come out of the budget and the graphs sleep with the pool.
+    graphs_beside_budget: float = 0
     #: Largest iteration (tokens) that replays a captured CUDA graph; larger ones launch kernel by
     #: kernel and pay `Efficiency.eager_iteration_s` (vLLM's default capture sizes end at 512).
     cuda_graph_max_tokens: int = 512
@@ -141,6 +147,9 @@ class EngineSettings:
             raise ConfigError(f"max_model_len must be ≥ 2, got {self.max_model_len}")
         if self.block_size < 1:
             raise ConfigError(f"block size must be ≥ 1, got {self.block_size}")
+        if self.graphs_beside_budget not in (0, 1):
+            raise ConfigError(f"EngineSettings.graphs_beside_budget must be 0 (the seed's vLLM: context and graphs inside "
+                              f"the budget) or 1 (vLLM 0.25.1: beside it), got {self.graphs_beside_budget!r}")
         if self.sleep_backup_runtime not in (0, 1):
             raise ConfigError(f"EngineSettings.sleep_backup_runtime must be 0 (vLLM 0.25.1: nothing copied at a level-2 "
                               f"sleep) or 1 (the seed's vLLM), got {self.sleep_backup_runtime!r}")
