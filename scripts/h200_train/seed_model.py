@@ -91,6 +91,10 @@ MOE_BODIES: dict[str, dict[str, int]] = {
     "qwen3-30b-a3b-4l": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=4, num_attention_heads=32,
                              num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                              moe_intermediate_size=768),
+    # half of Qwen3-30B-A3B's 48 layers: the vLLM-alone MoE decode bench (30 GB of weights fit the lent disk; 61 do not)
+    "qwen3-30b-a3b-24l": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=32,
+                              num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                              moe_intermediate_size=768),
 }
 PRESETS = ("seed", *BODIES, *MOE_BODIES)
 

@@ -130,6 +130,18 @@ def test_arguments_cycles_alias_quick_and_bad_lengths(tmp_path: Path, capsys: py
     assert "do not fit --max-model-len" in capsys.readouterr().err
 
 
+def test_a_moe_body_runs_only_without_the_weight_push(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The MoE presets build one model (seed_model.py): no second one to push, so only --skip-sleep runs them."""
+    out = str(tmp_path / "x.json")
+    a = vb.parse_args(["--out", out, "--preset", "qwen3-30b-a3b-24l", "--skip-sleep"])
+    assert a.preset == "qwen3-30b-a3b-24l" and a.skip_sleep
+    for extra in ([], ["--skip-sleep", "--diagnose"], ["--skip-sleep", "--device", "cpu"]):
+        with pytest.raises(SystemExit):
+            vb.parse_args(["--out", out, "--preset", "qwen3-30b-a3b-24l", *extra])
+        err = capsys.readouterr().err
+        assert "--preset qwen3-30b-a3b-24l" in err and "--skip-sleep" in err
+
+
 def test_mode_from_argv_and_summary():
     assert vb.mode_from_argv(["python", "-m", "x", "--enforce-eager"]).startswith("eager")
     assert vb.mode_from_argv(["python", "-m", "x"]).startswith("vLLM default")
