@@ -89,3 +89,19 @@ def test_response_fit_recovers_the_building_terms_and_skips_rows_that_do_not_que
     assert fixed == 0.0 and slope == pytest.approx((256 * 6e-3 + 1024 * 34e-3) / (256**2 + 1024**2), rel=1e-3)
     with pytest.raises(ValueError, match="two lengths"):
         response_fit([{"phases": {"decode": neg[:1]}}])
+
+
+def test_mlenergy_decode_sets_each_row_beside_the_engine_model(capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import mlenergy_decode  # noqa: PLC0415
+
+    rows = [r for r in json.loads(mlenergy_decode.DATA.read_text())["rows"]
+            if r["gpu"] == "H100" and r["vime_model"] == "Qwen3-8B"]
+    assert len(rows) >= 8 and all(r["median_itl_ms"] > 0 for r in rows)
+    res = mlenergy_decode.table(rows[:3])
+    # more requests, a longer step; a longer prompt, more KV to read
+    assert res[0]["modelled_ms"][128] < res[2]["modelled_ms"][128] < res[2]["modelled_ms"][1024]
+    assert res[0]["error"][128] == pytest.approx((res[0]["modelled_ms"][128] - rows[0]["median_itl_ms"])
+                                                 / rows[0]["median_itl_ms"])
+    assert mlenergy_decode.main(["--max-batch", "8", "--gpu", "H100"]) == 0
+    assert "H100 dense rows at <= 16 requests" in capsys.readouterr().out
