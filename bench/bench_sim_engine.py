@@ -76,6 +76,7 @@ def test_seed_step_engine_side(benchmark: Any) -> None:
         b = build_sim_backends(defaults(), seed=1234)
 
         async def main() -> float:
+            await b.trainer.sleep()  # the orchestrator's start-up (seed step 3): the trainer comes up awake
             await asyncio.gather(*(e.wake_up(["weights"]) for e in b.engines))
             await _publish(b, 1)
             await asyncio.gather(*(e.wake_up(["kv_cache", "cuda_graph"]) for e in b.engines))
@@ -111,6 +112,7 @@ def test_large_rollout_64_engines(benchmark: Any, max_len: int, util: float) -> 
         reqs = _requests(b, 8192, 512, max_len)
 
         async def main() -> float:
+            await b.trainer.sleep()  # colocated: the trainer leaves the GPUs to the engines, as the orchestrator has it
             await asyncio.gather(*(e.wake_up(None) for e in b.engines))
             start = clock.now()
             results = await asyncio.gather(*(b.router.generate(r) for r in reqs))
