@@ -105,3 +105,12 @@ def test_mlenergy_decode_sets_each_row_beside_the_engine_model(capsys: pytest.Ca
                                                  / rows[0]["median_itl_ms"])
     assert mlenergy_decode.main(["--max-batch", "8", "--gpu", "H100"]) == 0
     assert "H100 dense rows at <= 16 requests" in capsys.readouterr().out
+
+
+def test_bench_sim_engine_seed_cases_run() -> None:
+    """The engine benches drive the backends as the orchestrator does (the trainer asleep before the engines wake)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(ROOT / "bench/bench_sim_engine.py"), "-k", "seed_step or seed_full"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "2 passed" in out.stdout
