@@ -142,6 +142,20 @@ def test_a_moe_body_runs_only_without_the_weight_push(tmp_path: Path, capsys: py
         assert "--preset qwen3-30b-a3b-24l" in err and "--skip-sleep" in err
 
 
+def test_a_moe_body_is_built_by_seed_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The MoE bench's model: seed_model's per-expert checkpoint, its config and its bytes (a tiny body on the CPU)."""
+    bodies = vb.moe_bodies()
+    monkeypatch.setitem(bodies, "tiny-moe", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32))
+    cfg, nbytes = vb.build_moe("tiny-moe", tmp_path)
+    assert cfg.num_experts == 4 and cfg.vocab_size == 151936
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert nbytes == index["metadata"]["total_size"] > 2 * 151936 * 64  # the embedding and the untied head at least
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in index["weight_map"]
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen3_moe"
+
+
 def test_mode_from_argv_and_summary():
     assert vb.mode_from_argv(["python", "-m", "x", "--enforce-eager"]).startswith("eager")
     assert vb.mode_from_argv(["python", "-m", "x"]).startswith("vLLM default")
