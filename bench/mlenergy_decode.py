@@ -70,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         par = f"{r['num_gpus']}g tp{r['tp']}" + (f" ep{r['ep']}" if r["ep"] > 1 else "")
         print(f"{r['vime_model']:24s} {r['gpu']:5s} {par:9s} {r['avg_batch_size']:5.0f} {r['median_itl_ms']:7.2f}ms " +
               " ".join(f"{r['modelled_ms'][p]:7.2f} ({100 * r['error'][p]:+6.1f}%)" for p in PROMPTS))
+    from vime.sim.models import load_model
+
     small = [r for r in res if r["max_num_seqs"] <= 16]
+    moe = {name: load_model(name).is_moe for name in {r["vime_model"] for r in small}}
     for gpu in sorted({r["gpu"] for r in small}):
         for dense in (True, False):
-            errs = [r["error"][PROMPTS[0]] for r in small if r["gpu"] == gpu and ("A3B" in r["vime_model"]
-                                                                                   or "A22B" in r["vime_model"]) != dense]
+            errs = [r["error"][PROMPTS[0]] for r in small if r["gpu"] == gpu and moe[r["vime_model"]] != dense]
             if errs:
                 print(f"{gpu} {'dense' if dense else 'MoE'} rows at <= 16 requests: median {100 * statistics.median(errs):+.1f} %, "
                       f"{100 * min(errs):+.1f} .. {100 * max(errs):+.1f} % over {len(errs)}")

@@ -73,7 +73,9 @@ PRESETS = {
 
 def moe_bodies() -> dict[str, dict]:
     """The MoE presets of scripts/h200_train/seed_model.py (decode, prefill and front end only: no second model to push)."""
-    sys.path.insert(0, str(ROOT / "scripts" / "h200_train"))
+    here = str(ROOT / "scripts" / "h200_train")
+    if here not in sys.path:  # parse_args and run both ask
+        sys.path.insert(0, here)
     import seed_model  # noqa: PLC0415
 
     return seed_model.MOE_BODIES
