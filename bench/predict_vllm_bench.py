@@ -272,6 +272,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", help="vllm_bench.py's --preset (qwen3-0.6b, qwen3-4b)")
     ap.add_argument("--out", help="write the predictions here")
+    ap.add_argument("--profile", default=str(PROFILE),
+                    help="the hardware profile the bench runs on (default: the measured H200's)")
+    ap.add_argument("--bench-args", default="",
+                    help="extra vllm_bench.py arguments the run will be given (recorded in the predictions' command)")
     ap.add_argument("--compare", nargs="+", metavar=("PREDICTED", "RUN"),
                     help="a predictions file, then vllm_bench.py results: measured vs each hypothesis")
     ap.add_argument("--fit", nargs="+", metavar="RUN", help="vllm_bench.py results: the lockstep fit of each")
@@ -299,13 +303,14 @@ def main() -> int:
     import vllm_bench  # noqa: PLC0415 - scripts/h200: its grid, as the run will use it
     from fit_whole_step import model_of  # noqa: PLC0415
 
-    bench_args = vllm_bench.parse_args(["--out", "/dev/null", "--preset", args.preset, "--skip-sleep"])
+    extra = args.bench_args.split()
+    bench_args = vllm_bench.parse_args(["--out", "/dev/null", "--preset", args.preset, "--skip-sleep", *extra])
     model = model_of(args.preset)
-    profile = json.loads(PROFILE.read_text())
+    profile = json.loads(Path(args.profile).read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    res = {"preset": args.preset, "commit": commit,
-           "command": f"python3 scripts/h200/vllm_bench.py --preset {args.preset} --skip-sleep",
+    res = {"preset": args.preset, "commit": commit, "profile": Path(args.profile).name,
+           "command": " ".join(["python3 scripts/h200/vllm_bench.py --preset", args.preset, "--skip-sleep", *extra]),
            "grid": bench_args.decode_grid, "prefill_lens": bench_args.prefill_lens,
            "hypotheses": {name: predict(p, model, bench_args.decode_grid, bench_args.prefill_lens)
                           for name, p in hypotheses(profile).items()}}

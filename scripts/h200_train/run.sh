@@ -8,6 +8,7 @@
 #   bash scripts/h200_train/run.sh run      (prep first if not done) one training run with nvidia-smi memory
 #                                           sampled every 0.5 s, then `vime simulate` with the same arguments,
 #                                           then compare.py; results in $OUT/$TAG.tgz + $OUT/$TAG.txt
+#   bash scripts/h200_train/run.sh exec CMD...   CMD under the run's environment (PYTHONPATH, vLLM's env), after prep
 #   bash scripts/h200_train/run.sh --print-args [MODEL_DIR PROMPTS]   the arguments `vime simulate` gets,
 #   bash scripts/h200_train/run.sh --print-train-args [MODEL_DIR PROMPTS]   those of `vime train` (no simulator inputs),
 #   bash scripts/h200_train/run.sh --print-train-only                  and those only `vime train` gets (one a line)
@@ -219,5 +220,6 @@ case "${1:-run}" in
   prep) prep 2>&1 | tee "$OUT/prep.txt"; exit "${PIPESTATUS[0]}" ;;
   run) run ;;
   all) prep && run ;;
-  *) echo "usage: run.sh prep|run|all|--print-args|--print-train-only [MODEL_DIR PROMPTS]" >&2; exit 2 ;;
+  exec) shift; "$@" ;;  # any command under the run's environment (after prep): vllm_bench.py, megatron_step.py
+  *) echo "usage: run.sh prep|run|all|exec CMD...|--print-args|--print-train-only [MODEL_DIR PROMPTS]" >&2; exit 2 ;;
 esac
