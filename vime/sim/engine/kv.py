@@ -171,13 +171,13 @@ async def remap_memory(allocator: SimAllocator, env: simpy.Environment, tags: Se
                        settings: EngineSettings, weight_tensors: int) -> None:
     """A vLLM wake_up's memory work: `tags` mapped again (offloaded ones copied back), then the call's
     fixed cost, the GiB mapped beyond the pool's cheap share of the GPU (EngineSettings.wake_spill_share), the wait for
-    memory another process just handed back (wake_ready_s_per_gib), and, when the weights come back from the host,
+    memory another process just handed back once it maps past what is ready (wake_ready_s_per_gib), and, when the weights come back from the host,
     CuMem's per-tensor restore loop."""
     restored = TAG_WEIGHTS in tags and allocator.lifecycle.state(TAG_WEIGHTS) is TagState.OFFLOADED
     # a device without sleep mode (a CPU) keeps its memory: nothing to map
     mapped = max(map(sum, zip(*(allocator.tag_bytes(t) for t in tags), strict=True))) if tags and allocator.sleep_mode else 0
     spill = max(allocator.spill_bytes(tags, settings.wake_spill_share)) if tags else 0
-    ready = allocator.ready_wait_s(tags, settings.wake_spill_share, settings.wake_ready_s_per_gib) if tags else 0.0
+    ready = allocator.ready_wait_s(tags, settings.wake_ready_s_per_gib) if tags else 0.0
     await allocator.wake_up(tags)
     copies = weight_tensors if restored else 0
     await elapse(env, settings.wake_call_s + settings.wake_per_gib_s * mapped / GiB + settings.wake_spill_s_per_gib * spill / GiB

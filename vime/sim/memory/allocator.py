@@ -70,15 +70,16 @@ class WakeCycle:
         before = self.mapped or [0] * len(mapping)
         return [int(max(0.0, b + m - max(b, share * r))) for r, b, m in zip(room, before, mapping, strict=True)]
 
-    def ready_wait(self, gpus: Sequence[SimGPU], owner: str, mapping: list[int], share: float, s_per_gib: float) -> float:
-        """Seconds a wake waits for memory other processes handed back to be made ready: it does once it maps beyond
-        `share` of the room less what is not ready yet (bench/data/vmm_sweep/h200_s19_*: the call that crosses it
-        waits for all of it; below it the wake maps at once)."""
+    def ready_wait(self, gpus: Sequence[SimGPU], owner: str, mapping: list[int], s_per_gib: float) -> float:
+        """Seconds a wake waits for memory other processes handed back to be made ready: it does once the cycle's
+        mappings pass what is ready of the room (the room less what is not ready yet), and then for all of it; within
+        it the wake maps at once (bench/data/vmm_sweep/h200_s19_*; an H100 weights' wake of 3.9 GiB beside 5.5 GiB
+        ready did not wait, h200_notes.md twenty-ninth session)."""
         before = self.mapped or [0] * len(mapping)
         wait = 0.0
         for gpu, r, b, m in zip(gpus, _room(gpus, owner), before, mapping, strict=True):
             left_s, left = gpu.not_ready(owner, s_per_gib) if s_per_gib > 0 else (0.0, 0)
-            if left_s > 0 and b + m > share * (r - left):
+            if left_s > 0 and b + m > r - left:
                 wait = max(wait, left_s)
         return wait
 
@@ -288,10 +289,10 @@ class SimAllocator:
             return [0] * len(self.gpus)
         return self._cycle.spill(_room(self.gpus, self.owner), self._per_gpu_sum(self._wake_set(tags)), share)
 
-    def ready_wait_s(self, tags: Collection[str] | None, share: float, s_per_gib: float) -> float:
+    def ready_wait_s(self, tags: Collection[str] | None, s_per_gib: float) -> float:
         """Seconds `wake_up(tags)` would wait for memory other owners handed back to be made ready (WakeCycle)."""
         mapping = self._per_gpu_sum(self._wake_set(tags))
-        return self._cycle.ready_wait(self.gpus, self.owner, mapping, share, s_per_gib) if self.sleep_mode else 0.0
+        return self._cycle.ready_wait(self.gpus, self.owner, mapping, s_per_gib) if self.sleep_mode else 0.0
 
     def _per_gpu_sum(self, tags: Collection[str]) -> list[int]:
         return [sum(n) for n in zip(*(self._sizes.get(t, [0] * len(self.gpus)) for t in tags), [0] * len(self.gpus), strict=True)]
