@@ -835,7 +835,9 @@ def _fit_decode(prof: dict, rows: list[dict], where: str) -> None:
            for r in rows]
     x, y = _solve2(eqs)  # x = 1 / u_w, y = 1 / u_kv
     eff = prof["efficiency"]
-    eff["decode_weight_bw_util"] = min(1.0, 1.0 / x)
+    # the weights stream at the copy rate beside a fixed GPU part per step (bench/fit_whole_step.py section 0a, from vLLM's
+    # benches); one model's shapes cannot tell the two apart, so this fit's weights term only frees decode_bw_util's
+    eff["decode_weight_bw_util"] = 1.0
     eff["decode_bw_util"] = min(1.0, 1.0 / y)
     worst = max(abs(a * x + b * y - 1.0) for a, b, _ in eqs)
     src = prof["sources"]
@@ -846,8 +848,9 @@ def _fit_decode(prof: dict, rows: list[dict], where: str) -> None:
         f"section, Qwen3-4B shapes, CUDA graphs): KV read at {hbm / y / 1e12:.2f} TB/s, max error "
         f"{100 * worst:.1f} %; also the rate of streaming kernels (optimizer, unfused softmax), {where}")
     src["efficiency.decode_weight_bw_util"] = (
-        f"fit with decode_bw_util: weights streamed by a decode step at {hbm / x / 1e12:.2f} TB/s "
-        f"(GEMVs plus the small kernels between them), same fit")
+        f"1.0: a decode step streams the weights at the measured copy rate beside a fixed part per step "
+        f"(efficiency.iteration_overhead_s; bench/fit_whole_step.py section 0a); this fit's own weights term "
+        f"({hbm / x / 1e12:.2f} TB/s with no fixed part, the 4B's shapes alone) is not kept")
 
 
 def _fit_prefill(prof: dict, rows: list[dict], where: str) -> None:
@@ -1060,12 +1063,13 @@ def vllm_decode_seconds(im, batch: int, prompt: int, new: int, response: tuple[f
 
 
 def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, float] | None = None,
-              model=None) -> None:
+              model=None, hold_overhead: bool = False) -> None:
     """iteration_overhead_s, host_step_s, host_step_per_seq_s: least squares of the relative error over the
     vLLM decode runs, each step max(GPU + overhead, host_s + per_seq · requests) (IterationModel), by a
     coarse-to-fine grid (deterministic). Least squares, not minimax: on the H200 runs the minimax is flat
     (any overhead in 0..0.3 ms gives the same 5.8 % worst run, host_s wandering with it), the squares
-    have one minimum."""
+    have one minimum. `hold_overhead`: keep the profile's iteration_overhead_s (fitted where the GPU bounds the step:
+    host-bound runs cannot see it) and fit the CPU step alone."""
     import dataclasses
 
     engine, _, models, _ = _sim()
@@ -1089,7 +1093,8 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, flo
         return sum(e * e for e in errors(o, a, b))
 
     # seconds: overhead 0..20 ms, host 0..40 ms, per request 0..400 us (a slow host CPU fits inside)
-    box = [(0.0, 20e-3), (0.0, 40e-3), (0.0, 400e-6)]
+    held = prof["efficiency"].get("iteration_overhead_s", 0.0) if hold_overhead else None
+    box = [(held, held) if held is not None else (0.0, 20e-3), (0.0, 40e-3), (0.0, 400e-6)]
     n = 13
     best = (math.inf, (0.0, 0.0, 0.0))
     for _ in range(9):
@@ -1108,11 +1113,13 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, flo
     batches = sorted({r["batch"] for r in runs})
     news = sorted({r["max_tokens"] for r in runs})
     src = prof["sources"]
-    src["efficiency.iteration_overhead_s"] = (
-        f"fit: GPU-serial cost per step (launches) in max(GPU, host) steps; least squares (relative) over the {len(runs)} vLLM decode "
-        f"runs B={batches[0]}..{batches[-1]} x {'/'.join(map(str, news))} tokens, max error {100 * err:.1f} %, {label}")
+    if held is None:
+        src["efficiency.iteration_overhead_s"] = (
+            f"fit: GPU-serial cost per step (launches) in max(GPU, host) steps; least squares (relative) over the {len(runs)} "
+            f"vLLM decode runs B={batches[0]}..{batches[-1]} x {'/'.join(map(str, news))} tokens, max error {100 * err:.1f} %, "
+            f"{label}")
     src["efficiency.host_step_s"] = (
-        f"fit, with host_step_per_seq_s and iteration_overhead_s: vLLM's CPU step ({a * 1e3:.2f} ms + "
+        f"fit, with host_step_per_seq_s{'' if held is not None else ' and iteration_overhead_s'}: vLLM's CPU step ({a * 1e3:.2f} ms + "
         f"{b * 1e6:.0f} us per request) overlapping the GPU, same fit, {label}")
     src["efficiency.host_step_per_seq_s"] = "as efficiency.host_step_s"
 

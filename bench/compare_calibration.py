@@ -171,7 +171,8 @@ def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:
     im = _iter_model(hw, m4, vllm_gpu_terms=False)  # torch loops: torch's attention, no sampler
     for r in raw.get("decode", {}).get("rows", []):
         b, length = r["batch"], r["context"]
-        pred = im.gpu_time(b, b * length, b * length) - im.overhead_s  # no scheduler: GPU part only
+        # the step's fixed part is GPU time (small kernels, graph replay: fit_whole_step.py section 0a), a torch loop's too
+        pred = im.gpu_time(b, b * length, b * length)
         add("decode workload (PyTorch, CUDA graph, Qwen3-4B shapes)", f"step B={b} L={length}", r["step_s"], pred, "s")
     for r in raw.get("prefill", {}).get("rows", []):
         t = r["tokens"]

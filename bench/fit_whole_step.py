@@ -5,6 +5,15 @@
 
 Each term is structural (one value for every model, batch and run) and fitted on the data named here:
 
+0a. vLLM's decode step, its GPU part: the weights stream at the GPU's measured copy rate (efficiency.decode_weight_bw_util
+   = 1, structural: the H100's 8B and 4B vLLM-alone benches, same depth, differ by their weights at 0.98 of its copy
+   rate, bench/data/vllm_bench_s29) beside a fixed part per step (efficiency.iteration_overhead_s), solved so that the
+   one-request rows (B=1, GPU-bound: the CPU step hides under it) of the H200's 4B vLLM-alone benches (FIXED_STEP_BENCHES)
+   err 0 at their median. Held out: their rows at 16+ requests, every whole step, the H100 benches, ML.ENERGY's rows
+   (bench/mlenergy_decode.py). Until the twenty-ninth session the weights streamed at 0.54 of the copy rate with no fixed
+   part, fitted on the 4B's shapes alone, which cannot tell the two apart (the 8B was 18 % slow).
+0. vLLM's decode step where it is GPU-bound (/metrics of the whole steps): the attention's KV read rate and the sampler
+   per logit, by least squares, under 0a's terms.
 1b. vLLM's pool mapping beyond its cheap share (EngineSettings.wake_spill_share, wake_spill_s_per_gib, and the
    cheap rate per GiB): least squares over every mapping call of bench/vllm_cumem_probe.py's session-18 runs
    (bench/data/vmm_sweep/h200_s18_*.json: 47-124 GiB of KV in 28-112 tensors, 0.01-20 GiB of weights mapped first,
@@ -48,7 +57,7 @@ Each term is structural (one value for every model, batch and run) and fitted on
    asleep; the trainer's own count of what its allocator holds then (memory/asleep_* in train.jsonl) is taken
    off. Fitted on the Qwen3-4B `all` run; held out: the MoE run and the 4B run with the trainer resident.
 7. The API server's building of the responses (EngineSettings.response_per_request_s + response_per_token_s per token),
-   vLLM's step refitted beside it (efficiency.iteration_overhead_s, host_step_s, host_step_per_seq_s) and the front
+   vLLM's CPU step refitted beside it (efficiency.host_step_s, host_step_per_seq_s; 0a's fixed part held) and the front
    end's fixed latency (EngineSettings.request_overhead_s): vLLM builds each finished response in its one API-server
    process, one at a time, so 256 responses finished together reach the client over seconds. Closed form on the
    client's first-to-last response spreads of the fourth lease's Qwen3-4B run (1024 tokens) and MoE micro-batch-2 run
@@ -540,6 +549,37 @@ def simulate(run: str, profile: dict, work: Path) -> dict:
     return {k: statistics.fmean(m[k] for m in later) for k in later[0]}
 
 
+#: Section 0a: the H200's Qwen3-4B vLLM-alone benches (three leases); their B=1 rows are fitted on.
+FIXED_STEP_BENCHES = ("h200_vllm_0.25.1.json", "h200_vllm_0.25.1_b0_keepalive_failure.json", "h200_vllm_0.25.1_b1.json",
+                      "h200_vllm_0.25.1_b2.json", "vllm_bench_s13/vllm_4b_host1.json", "vllm_bench_s15/vllm_4b_s15.json")
+
+
+def fixed_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
+    """Section 0a: the weights at the copy rate and the step's fixed GPU part, solved on the 4B benches' B=1 rows."""
+    import predict_vllm_bench  # noqa: PLC0415 - bench/predict_vllm_bench.py: a bench's rows as the simulator gives them
+
+    model = model_of("qwen3-4b")
+    base = with_values(profile, {"efficiency.decode_weight_bw_util": 1.0})
+    benches = {f: json.loads((DATA / f).read_text())["phases"].get("decode", []) for f in FIXED_STEP_BENCHES}
+
+    def errors(o: float, batch: int | None) -> list[tuple[str, str, float]]:
+        prof = with_values(base, {"efficiency.iteration_overhead_s": o})
+        out = []
+        for f, rows in benches.items():
+            keep = [r for r in rows if (r["batch"] == 1) == (batch == 1)]
+            pred = predict_vllm_bench.predict(prof, model, [(r["batch"], r["max_tokens"]) for r in keep], [])["wall_s"]
+            for r in keep:
+                row = f"generate B={r['batch']} x {r['max_tokens']} tokens"
+                out.append((f, row, (pred[row] - r["wall_s"]) / r["wall_s"]))
+        return out
+
+    o = solve(lambda x: statistics.median(e for _, _, e in errors(x, 1)), 0.0, 1e-5, 10e-3, increasing=True)
+    o = float(f"{o:.3g}")
+    lines = [f"{f:45s} {row:28s} {100 * e:+6.1f} %  [{'fitted' if '=1 ' in row else 'held out'}]"
+             for f, row, e in errors(o, 1) + errors(o, None)]
+    return {"efficiency.decode_weight_bw_util": 1.0, "efficiency.iteration_overhead_s": o}, lines
+
+
 def solve(f, target: float, lo: float, hi: float, *, increasing: bool, iters: int = 22) -> float:
     """Bisection of a monotone f(x) = target on [lo, hi] (geometric: the terms span decades)."""
     for _ in range(iters):
@@ -682,7 +722,7 @@ def frontend_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     eff = prof["efficiency"]
     fitted = {"EngineSettings.response_per_request_s": per_request, "EngineSettings.response_per_token_s": per_token}
     fitted.update({f"efficiency.{k}": float(f"{eff[k]:.3g}")
-                   for k in ("iteration_overhead_s", "host_step_s", "host_step_per_seq_s")})
+                   for k in ("host_step_s", "host_step_per_seq_s")})
     hw = HardwareSpec.from_dict(with_values(profile, {k: v for k, v in fitted.items() if k.startswith("eff")}))
 
     # the lone request: the engine's first step, the fixed latency, the one-token response's building
@@ -924,6 +964,10 @@ def main(argv: list[str] | None = None) -> int:
     from vime.sim.engine.settings import EngineSettings
 
     profile = json.loads(PROFILE.read_text())
+    fixed_step, fixed_lines = fixed_step_terms(profile)
+    section("0a. vLLM's decode step, its GPU part: the weights at the copy rate, the fixed part per step solved on the "
+            "4B benches' one-request rows (their wall time, prefill and response included):",
+            [f"{k} = {v}" for k, v in fixed_step.items()] + fixed_lines)
     gpu_step, gpu_lines = gpu_step_terms(profile)
     # the CPU step (section 7) is fitted under these GPU terms: they move together (h200_notes.md, seventh lease)
     section("0. vLLM's decode step where it is GPU-bound (/metrics of the whole steps), the attention's KV rate and the "
@@ -973,6 +1017,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rollout) beside the IterationModel of the committed profile:", step_terms(profile))
         fitted.update(front)
         fitted.update(gpu_step)
+        fitted.update(fixed_step)
         committed = {k: profile[k.split(".")[0]].get(k.split(".")[1]) for k in fitted}
         settings = EngineSettings()
         bad = [f"{k}: committed {committed[k]}, fit {v}" for k, v in fitted.items() if committed[k] != v]

@@ -78,6 +78,14 @@ def build() -> dict:
     for k in ("outside_budget_bytes", "graphs_beside_budget"):
         prof["engine"][k] = h200["engine"][k]
         src[f"engine.{k}"] = h200["sources"][f"engine.{k}"]
+    # vLLM's decode step since the 29th session (fit_whole_step.py section 0a): the weights at the chip's own copy rate
+    # beside a fixed GPU part per step, the attention's KV read and the sampler refitted under them
+    for k in ("decode_weight_bw_util", "iteration_overhead_s"):
+        eff[k] = h200["efficiency"][k]
+        src[f"efficiency.{k}"] = h200["sources"][f"efficiency.{k}"]
+    for k in ("kv_read_bytes_per_s", "sample_s_per_logit"):
+        prof["engine"][k] = h200["engine"][k]
+        src[f"engine.{k}"] = h200["sources"][f"engine.{k}"]
     for q in ("whole_step_rollout_memory", "whole_step_train_memory"):  # the same software's memory model
         prof["spread"][q] = dict(h200["spread"][q], source="H200-141G-measured's (the same software's memory model; "
                                  "the H100's own whole steps are checked against it in tests/bench/"

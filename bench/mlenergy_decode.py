@@ -2,6 +2,7 @@
 
     python bench/mlenergy_decode.py                  # every row: measured median ITL vs the modelled step
     python bench/mlenergy_decode.py --max-batch 16   # only the small batches (the weights' streaming)
+    python bench/mlenergy_decode.py --hypothesis rate_only    # the decode step as the presets had it before
 
 Data: `bench/data/chips/mlenergy_vllm_decode.json` (extracted from the leaderboard's files; the source is named
 there). Nothing was fitted on it. Each row is a vLLM server at steady state with `max_num_seqs` requests, so its
@@ -27,15 +28,26 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT / "bench" / "data" / "chips" / "mlenergy_vllm_decode.json"
 PRESETS = {"H100": "H100-SXM-80G", "B200": "B200"}
 PROMPTS = (128, 1024)
+#: Other decode steps than the presets', efficiency fields per GPU kind (rows of other kinds keep their preset).
+#: rate_only: the presets until the twenty-ninth session, the weights streamed at one fitted rate with no fixed part
+#: (h200_notes.md; the fixed part and the copy rate of fit_whole_step.py section 0a replaced it).
+HYPOTHESES = {"rate_only": {"H100": {"decode_weight_bw_util": 0.5506, "iteration_overhead_s": 0.0},
+                            "B200": {"decode_weight_bw_util": 0.4289, "iteration_overhead_s": 0.0}}}
 
 
-def modelled_step(row: dict, prompt: int) -> float:
-    """Seconds of one decode step of the row's batch on its preset (vLLM's engine model, CUDA graphs)."""
+def modelled_step(row: dict, prompt: int, hypothesis: str | None = None) -> float:
+    """Seconds of one decode step of the row's batch on its preset (vLLM's engine model, CUDA graphs), the preset's
+    efficiency changed as `hypothesis` (a HYPOTHESES key) says for the row's GPU kind."""
+    import dataclasses
+
     from vime.sim.engine import EngineSettings, IterationModel
     from vime.sim.hardware import load_hardware
     from vime.sim.models import load_model
 
     hw = load_hardware(PRESETS[row["gpu"]])
+    change = HYPOTHESES[hypothesis].get(row["gpu"]) if hypothesis else None
+    if change:
+        hw = dataclasses.replace(hw, efficiency=dataclasses.replace(hw.efficiency, **change))
     width = max(row["tp"], row["ep"])
     settings = EngineSettings(tp=width, expert_parallel=row["ep"] > 1, max_num_seqs=max(8, row["max_num_seqs"]),
                               max_model_len=8192, **hw.engine_overrides())
@@ -45,12 +57,12 @@ def modelled_step(row: dict, prompt: int) -> float:
     return im.time(b, ctx, ctx, seqs=b)
 
 
-def table(rows: list[dict]) -> list[dict]:
+def table(rows: list[dict], hypothesis: str | None = None) -> list[dict]:
     """Each row with its modelled steps (ms) and errors (modelled − measured) / measured at each prompt length."""
     out = []
     for row in rows:
         got = row["median_itl_ms"]
-        steps = {p: 1e3 * modelled_step(row, p) for p in PROMPTS}
+        steps = {p: 1e3 * modelled_step(row, p, hypothesis) for p in PROMPTS}
         out.append(row | {"modelled_ms": steps, "error": {p: (s - got) / got for p, s in steps.items()}})
     return out
 
@@ -59,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-batch", type=int, default=None, help="only rows with max_num_seqs up to this")
     ap.add_argument("--gpu", choices=sorted(PRESETS), default=None)
+    ap.add_argument("--hypothesis", choices=sorted(HYPOTHESES), default=None,
+                    help="a candidate decode step instead of the presets' (HYPOTHESES)")
     a = ap.parse_args(argv)
     data = json.loads(DATA.read_text())
     rows = [r for r in data["rows"] if (a.max_batch is None or r["max_num_seqs"] <= a.max_batch)
             and (a.gpu is None or r["gpu"] == a.gpu)]
-    res = table(rows)
+    res = table(rows, a.hypothesis)
     print(f"{'model':24s} {'gpu':5s} {'par':9s} {'B':>5s} {'measured':>9s} " +
           " ".join(f"{'P=' + str(p):>17s}" for p in PROMPTS))
     for r in res:

@@ -98,7 +98,8 @@ def fit_cpu_step(profile: dict) -> tuple[tuple[float, float], dict]:
     response = response_fit(runs)
     raw = {"phases": {"decode": [r for run in runs for r in run["phases"]["decode"]]}}
     p = copy.deepcopy(profile)
-    calibrate._fit_host(p, raw, f"the 0.6B benches {', '.join(BENCH_06B)}", response, model=model_of("qwen3-0.6b"))
+    calibrate._fit_host(p, raw, f"the 0.6B benches {', '.join(BENCH_06B)}", response, model=model_of("qwen3-0.6b"),
+                        hold_overhead=True)
     return response, p
 
 

@@ -600,6 +600,14 @@ async def run(args) -> dict:
     else:
         cfg, (model_a, model_b) = build_models(args.preset, model_dir, (1, 2), args.device)
         res["weight_bytes"] = sum(p.nbytes for p in model_a.parameters())
+        if args.skip_sleep and not (args.diagnose or args.vime_cpu):
+            # nothing is pushed: keeping both models would hold 2 x the weights on the GPU beside the server (an 8B
+            # at 0.85 did not start on an H100, twenty-ninth session)
+            model_a = model_b = None
+            if args.device == "cuda":
+                import torch  # noqa: PLC0415 - the build imported it already
+
+                torch.cuda.empty_cache()
     res["model_build_s"] = time.perf_counter() - t0
     phase_done("model_build", t0)
 
