@@ -575,8 +575,8 @@ def fixed_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
 
     o = solve(lambda x: statistics.median(e for _, _, e in errors(x, 1)), 0.0, 1e-5, 10e-3, increasing=True)
     o = float(f"{o:.3g}")
-    lines = [f"{f:45s} {row:28s} {100 * e:+6.1f} %  [{'fitted' if '=1 ' in row else 'held out'}]"
-             for f, row, e in errors(o, 1) + errors(o, None)]
+    lines = [f"{f:45s} {row:28s} {100 * e:+6.1f} %  [{tag}]"
+             for tag, batch in (("fitted", 1), ("held out", None)) for f, row, e in errors(o, batch)]
     return {"efficiency.decode_weight_bw_util": 1.0, "efficiency.iteration_overhead_s": o}, lines
 
 
