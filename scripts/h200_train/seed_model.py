@@ -76,8 +76,8 @@ def hf_config(spec: TinyModelSpec = SPEC) -> dict:
     return cfg
 
 
-#: The real Qwen3 bodies (Hugging Face's Qwen3-4B, Qwen3-1.7B and Qwen3-0.6B config.json values).
-BODIES: dict[str, dict[str, int]] = {
+#: The real Qwen3 bodies (Hugging Face's config.json values; qwen3-8b tied, unlike the Hub's, to pair with the 4B).
+BODIES: dict[str, dict[str, int | bool]] = {
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128),
     "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -86,10 +86,16 @@ BODIES: dict[str, dict[str, int]] = {
                      num_key_value_heads=8, head_dim=128),
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
+    # the real models at full size, untied as on the Hub: only vllm_bench.py --dummy-weights serves them (vLLM draws
+    # the weights itself; 29.5 / 65.5 GB would not fit the lent disk twice)
+    "qwen3-14b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
 }
 #: MoE bodies: Qwen3-30B-A3B's config.json values with fewer layers (issue 21: a MoE-shaped model that one GPU
 #: trains with its optimizer state, 128 experts × 3 tensors per layer for the weight sync to move).
-MOE_BODIES: dict[str, dict[str, int]] = {
+MOE_BODIES: dict[str, dict[str, int | bool]] = {
     "qwen3-30b-a3b-4l": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=4, num_attention_heads=32,
                              num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                              moe_intermediate_size=768),
@@ -97,8 +103,14 @@ MOE_BODIES: dict[str, dict[str, int]] = {
     "qwen3-30b-a3b-24l": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=32,
                               num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                               moe_intermediate_size=768),
+    # all 48 layers (61 GB): vllm_bench.py --dummy-weights only
+    "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          moe_intermediate_size=768),
 }
 PRESETS = ("seed", *BODIES, *MOE_BODIES)
+#: Presets too large to write to the lent disk: served with vLLM's own random weights (vllm_bench.py --dummy-weights).
+DUMMY_ONLY = ("qwen3-14b", "qwen3-32b", "qwen3-30b-a3b")
 
 
 def body_config(preset: str) -> dict:
@@ -112,10 +124,10 @@ def body_config(preset: str) -> dict:
                 "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True}
     if preset not in BODIES:
         raise SystemExit(f"unknown preset {preset!r}; use one of {', '.join(PRESETS)}")
-    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, **BODIES[preset],
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
             "hidden_act": "silu", "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
             "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
-            "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True}
+            "initializer_range": 0.02, "torch_dtype": "bfloat16", "use_cache": True, **BODIES[preset]}
 
 
 def moe_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:

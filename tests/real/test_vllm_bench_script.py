@@ -156,6 +156,30 @@ def test_a_moe_body_is_built_by_seed_model(tmp_path: Path, monkeypatch: pytest.M
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen3_moe"
 
 
+def test_dummy_weights_serve_the_full_size_presets(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Models larger than the lent disk run only with vLLM's own random weights: config.json written, nothing pushed,
+    --load-format dummy on the server's command line; a decode grid of the user's rows."""
+    out = str(tmp_path / "x.json")
+    for extra, msg in (([], "--dummy-weights"), (["--dummy-weights"], "--skip-sleep"),
+                       (["--dummy-weights", "--skip-sleep", "--device", "cpu"], "--skip-sleep")):
+        with pytest.raises(SystemExit):
+            vb.parse_args(["--out", out, "--preset", "qwen3-30b-a3b", *extra])
+        assert msg in capsys.readouterr().err
+    a = vb.parse_args(["--out", out, "--preset", "qwen3-14b", "--skip-sleep", "--dummy-weights",
+                       "--decode-grid", "1x256,64x1024"])
+    assert a.decode_grid == [(1, 256), (64, 1024)]
+    for bad in ("1x2x3", "0x256", "a"):
+        with pytest.raises(SystemExit):
+            vb.parse_args(["--out", out, "--decode-grid", bad])
+        assert "--decode-grid" in capsys.readouterr().err
+    cfg, nbytes = vb.dummy_model("qwen3-30b-a3b", tmp_path / "moe")
+    assert cfg.num_hidden_layers == 48 and 60e9 < nbytes < 62e9  # 30.5 B parameters in bf16
+    assert not list((tmp_path / "moe").glob("*.safetensors"))
+    _, nbytes = vb.dummy_model("qwen3-14b", tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert 29e9 < nbytes < 30e9
+
+
 def test_mode_from_argv_and_summary():
     assert vb.mode_from_argv(["python", "-m", "x", "--enforce-eager"]).startswith("eager")
     assert vb.mode_from_argv(["python", "-m", "x"]).startswith("vLLM default")
