@@ -32,6 +32,7 @@ RAW = DATA / "h100_calibration.json"
 DATASHEET = ROOT / "vime" / "sim" / "data" / "hardware" / "H100-SXM-80G.json"
 PRESET = ROOT / "vime" / "sim" / "data" / "hardware" / "H100-SXM-80G-measured.json"
 H200 = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"
+EMPTY_CACHE = ROOT / "bench" / "data" / "empty_cache_rate.json"
 NAME = "H100-SXM-80G-measured"
 # the fields the H100 measured itself (the hypothesis's sources start "H100:") or the preset fits here
 OWN_PREFIX = "H100:"
@@ -86,6 +87,13 @@ def build() -> dict:
     for k in ("kv_read_bytes_per_s", "sample_s_per_logit"):
         prof["engine"][k] = h200["engine"][k]
         src[f"engine.{k}"] = h200["sources"][f"engine.{k}"]
+    # the trainer's empty_cache: the H100's own whole steps' sleeps (bench/empty_cache_rate.py), not the VMM rate
+    rates = json.loads(EMPTY_CACHE.read_text())
+    n = sum(len(v) for k, v in rates["runs"].items() if "h100" in k)
+    prof["vmm"]["empty_cache_s_per_gib"] = round(rates["median_s_per_gib"]["H100"], 7)
+    src["vmm.empty_cache_s_per_gib"] = (f"{OWN_PREFIX} median over {n} trainer sleeps of the H100 whole steps: the "
+                                        f"sleep's timed empty_cache over the torch cache it handed back "
+                                        f"(bench/empty_cache_rate.py, {EMPTY_CACHE.relative_to(ROOT)})")
     for q in ("whole_step_rollout_memory", "whole_step_train_memory"):  # the same software's memory model
         prof["spread"][q] = dict(h200["spread"][q], source="H200-141G-measured's (the same software's memory model; "
                                  "the H100's own whole steps are checked against it in tests/bench/"

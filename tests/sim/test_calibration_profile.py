@@ -64,7 +64,8 @@ NOT_COMPARED = {"efficiency.iteration_overhead_s", "efficiency.train_host_s_per_
                 "efficiency.state_check_per_tensor_s", "efficiency.state_check_bytes_per_s",
                 "efficiency.released_wake_s_per_gib", "efficiency.released_wake_max_s",
                 "efficiency.train_expert_gemm_efficiency", "efficiency.host_step_s", "efficiency.host_step_per_seq_s",
-                "efficiency.uncompiled_host_s_per_layer", "efficiency.train_expert_rows_half"}
+                "efficiency.uncompiled_host_s_per_layer", "efficiency.train_expert_rows_half",
+                "vmm.empty_cache_s_per_gib"}  # the last: the whole steps' own sleeps (bench/empty_cache_rate.py)
 
 
 def _calibrate() -> Any:

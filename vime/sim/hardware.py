@@ -45,7 +45,8 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "unmap_release_s_per_gib": 0.01,          # cuMemUnmap + cuMemRelease
         "pinned_alloc_s_per_gib": 0.25,           # allocating + pinning a fresh host buffer
         "pinned_free_s_per_gib": 0.0,             # freeing it (cuMemFreeHost; cold buffers, optional)
-        "shared_map_s_per_gib": 0.0               # + per GiB mapped on a GPU another process uses (optional)
+        "shared_map_s_per_gib": 0.0,              # + per GiB mapped on a GPU another process uses (optional)
+        "empty_cache_s_per_gib": 0.0              # torch.cuda.empty_cache per GiB handed back (optional, 0 = unmap_release)
       },
       "software": {                               # the training stack the profile describes (optional)
         "train_attention": "flash",               # "flash" (fused, causal) or "unfused" (s^2 scores kept)
@@ -396,7 +397,7 @@ CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pin
              "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
              "efficiency.export_per_tensor_s", "software.trainer_process_bytes", "efficiency.state_check_per_tensor_s",
              "efficiency.state_check_bytes_per_s", "efficiency.released_wake_s_per_gib",
-             "efficiency.released_wake_max_s", "efficiency.uncompiled_host_s_per_layer")
+             "efficiency.released_wake_max_s", "efficiency.uncompiled_host_s_per_layer", "vmm.empty_cache_s_per_gib")
 
 
 def resolve_carry(data: Any, origin: str, seen: tuple[str, ...] = ()) -> Any:

@@ -163,6 +163,14 @@ class VmmCosts:
     #: create_map: the same wakes ran 1.2 ms/GiB slower in the H200 whole steps than in vLLM alone.
     #: Likely the driver clearing pages another process freed before handing them out (not isolated).
     shared_map_s_per_gib: float = 0.0
+    #: PyTorch's `torch.cuda.empty_cache()` per GiB of cached segments it hands back (cudaFree, the trainer's sleep);
+    #: 0: the VMM path's unmap_release (the two differ by 2x on the H200: bench/empty_cache_rate.py).
+    empty_cache_s_per_gib: float = 0.0
+
+    @property
+    def torch_free_s_per_gib(self) -> float:
+        """The rate an empty_cache of the trainer's caching allocator pays per GiB."""
+        return self.empty_cache_s_per_gib or self.unmap_release_s_per_gib
 
 
 @dataclass(frozen=True)

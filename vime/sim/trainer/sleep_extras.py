@@ -73,7 +73,7 @@ def largest_microbatch_bytes(cost: ActorCostModel, batch: TrainBatch) -> int:
 
 class SleepWakeExtras:
     """One trainer's extras (vime.real.megatron.actor): at the sleep, the state check (a sum of every kept tensor) and
-    `torch.cuda.empty_cache()` unmapping the cached activation blocks; at the wake, a slower resume onto memory the
+    `torch.cuda.empty_cache()` handing the cached activation blocks back (`vmm.torch_free_s_per_gib`); at the wake, a slower resume onto memory the
     other processes on its GPUs released since the sleep (efficiency.released_wake_*), then the state check again."""
 
     def __init__(self, cost: ActorCostModel, gpus: list[SimGPU], owner: str) -> None:
@@ -90,7 +90,7 @@ class SleepWakeExtras:
     async def sleep(self, allocator: SimAllocator, sets: tuple[list[str], list[str]]) -> None:
         """The check and the cache's unmapping (none on a CPU) before the state leaves, then `allocator.sleep(*sets)`."""
         hw = self.cost.hw
-        release = self.cached_activations / GiB * hw.vmm.unmap_release_s_per_gib if hw.sleep_mode else 0.0
+        release = self.cached_activations / GiB * hw.vmm.torch_free_s_per_gib if hw.sleep_mode else 0.0
         self.cached_activations = 0
         await elapse(allocator.env, state_check_seconds(self.cost) + release)
         await allocator.sleep(*sets)
@@ -126,4 +126,4 @@ async def empty_cache(allocator: SimAllocator, gpus: list[SimGPU], hw: HardwareS
         for gpu in gpus:
             gpu.hand_back(allocator.owner)
         if hw.sleep_mode:
-            await elapse(allocator.env, cached / GiB * hw.vmm.unmap_release_s_per_gib)
+            await elapse(allocator.env, cached / GiB * hw.vmm.torch_free_s_per_gib)
