@@ -1083,9 +1083,10 @@ def _fit_host(prof: dict, vllm_raw: dict, label: str, response: tuple[float, flo
     settings = engine.EngineSettings(max_model_len=20480, max_num_seqs=256, max_num_batched_tokens=8192,
                                      **gpu_step_overrides(_spec(prof)))
     im0 = engine.IterationModel.build(_spec(prof), m, settings)
+    per_layer = m.num_layers * prof["efficiency"].get("iteration_layer_s", 0.0)  # held: section 0a's, on GPU-bound rows
 
     def errors(o: float, a: float, b: float) -> list[float]:
-        im = dataclasses.replace(im0, overhead_s=o, host_s=a, host_per_seq_s=b)
+        im = dataclasses.replace(im0, overhead_s=o + per_layer, host_s=a, host_per_seq_s=b)
         return [(vllm_decode_seconds(im, r["batch"], r["prompt_len"], r["max_tokens"], response)
                  - r["wall_s"]) / r["wall_s"] for r in runs]
 

@@ -7,11 +7,14 @@ Each term is structural (one value for every model, batch and run) and fitted on
 
 0a. vLLM's decode step, its GPU part: the weights stream at the GPU's measured copy rate (efficiency.decode_weight_bw_util
    = 1, structural: the H100's 8B and 4B vLLM-alone benches, same depth, differ by their weights at 0.98 of its copy
-   rate, bench/data/vllm_bench_s29) beside a fixed part per step (efficiency.iteration_overhead_s), solved so that the
-   one-request rows (B=1, GPU-bound: the CPU step hides under it) of the H200's 4B vLLM-alone benches (FIXED_STEP_BENCHES)
-   err 0 at their median. Held out: their rows at 16+ requests, every whole step, the H100 benches, ML.ENERGY's rows
-   (bench/mlenergy_decode.py). Until the twenty-ninth session the weights streamed at 0.54 of the copy rate with no fixed
-   part, fitted on the 4B's shapes alone, which cannot tell the two apart (the 8B was 18 % slow).
+   rate, bench/data/vllm_bench_s29) beside a fixed part per model layer (efficiency.iteration_layer_s; structural: the
+   H100's dense 4B, 8B, 14B and 32B one-request steps fit a per-layer part at the copy rate within 2.2 %, a per-step
+   part only below it, bench/data/vllm_bench_s30), solved so that the one-request rows (B=1, GPU-bound: the CPU step
+   hides under it) of the H200's 4B vLLM-alone benches (FIXED_STEP_BENCHES) err 0 at their median. Held out: their
+   rows at 16+ requests, every whole step, the H100 benches, ML.ENERGY's rows (bench/mlenergy_decode.py). Until the
+   twenty-ninth session the weights streamed at 0.54 of the copy rate with no fixed part, fitted on the 4B's shapes
+   alone, which cannot tell the two apart (the 8B was 18 % slow); in the twenty-ninth the fixed part was per step
+   (1.78 ms: the 32B's step 8.5 % short).
 0. vLLM's decode step where it is GPU-bound (/metrics of the whole steps): the attention's KV read rate and the sampler
    per logit, by least squares, under 0a's terms.
 1b. vLLM's pool mapping beyond its cheap share (EngineSettings.wake_spill_share, wake_spill_s_per_gib, and the
@@ -563,7 +566,7 @@ def fixed_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     benches = {f: json.loads((DATA / f).read_text())["phases"].get("decode", []) for f in FIXED_STEP_BENCHES}
 
     def errors(o: float, batch: int | None) -> list[tuple[str, str, float]]:
-        prof = with_values(base, {"efficiency.iteration_overhead_s": o})
+        prof = with_values(base, {"efficiency.iteration_overhead_s": 0.0, "efficiency.iteration_layer_s": o})
         out = []
         for f, rows in benches.items():
             keep = [r for r in rows if (r["batch"] == 1) == (batch == 1)]
@@ -573,11 +576,12 @@ def fixed_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
                 out.append((f, row, (pred[row] - r["wall_s"]) / r["wall_s"]))
         return out
 
-    o = solve(lambda x: statistics.median(e for _, _, e in errors(x, 1)), 0.0, 1e-5, 10e-3, increasing=True)
+    o = solve(lambda x: statistics.median(e for _, _, e in errors(x, 1)), 0.0, 1e-7, 1e-3, increasing=True)
     o = float(f"{o:.3g}")
     lines = [f"{f:45s} {row:28s} {100 * e:+6.1f} %  [{tag}]"
              for tag, batch in (("fitted", 1), ("held out", None)) for f, row, e in errors(o, batch)]
-    return {"efficiency.decode_weight_bw_util": 1.0, "efficiency.iteration_overhead_s": o}, lines
+    return {"efficiency.decode_weight_bw_util": 1.0, "efficiency.iteration_overhead_s": 0.0,
+            "efficiency.iteration_layer_s": o}, lines
 
 
 def solve(f, target: float, lo: float, hi: float, *, increasing: bool, iters: int = 22) -> float:
@@ -965,7 +969,7 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = json.loads(PROFILE.read_text())
     fixed_step, fixed_lines = fixed_step_terms(profile)
-    section("0a. vLLM's decode step, its GPU part: the weights at the copy rate, the fixed part per step solved on the "
+    section("0a. vLLM's decode step, its GPU part: the weights at the copy rate, the fixed part per layer solved on the "
             "4B benches' one-request rows (their wall time, prefill and response included):",
             [f"{k} = {v}" for k, v in fixed_step.items()] + fixed_lines)
     gpu_step, gpu_lines = gpu_step_terms(profile)

@@ -30,9 +30,13 @@ PRESETS = {"H100": "H100-SXM-80G", "B200": "B200"}
 PROMPTS = (128, 1024)
 #: Other decode steps than the presets', efficiency fields per GPU kind (rows of other kinds keep their preset).
 #: rate_only: the presets until the twenty-ninth session, the weights streamed at one fitted rate with no fixed part
-#: (h200_notes.md; the fixed part and the copy rate of fit_whole_step.py section 0a replaced it).
-HYPOTHESES = {"rate_only": {"H100": {"decode_weight_bw_util": 0.5506, "iteration_overhead_s": 0.0},
-                            "B200": {"decode_weight_bw_util": 0.4289, "iteration_overhead_s": 0.0}}}
+#: (h200_notes.md; the fixed part and the copy rate of fit_whole_step.py section 0a replaced it). per_step: the
+#: twenty-ninth session's fixed part, 1.78 ms per step whatever the depth (per layer since the thirtieth).
+_NO_FIXED = {"iteration_overhead_s": 0.0, "iteration_layer_s": 0.0}
+_PER_STEP = {"iteration_overhead_s": 1.78e-3, "iteration_layer_s": 0.0}
+HYPOTHESES = {"rate_only": {"H100": {"decode_weight_bw_util": 0.5506, **_NO_FIXED},
+                            "B200": {"decode_weight_bw_util": 0.4289, **_NO_FIXED}},
+              "per_step": {"H100": _PER_STEP, "B200": _PER_STEP}}
 
 
 def modelled_step(row: dict, prompt: int, hypothesis: str | None = None) -> float:

@@ -51,8 +51,10 @@ from vime.sim.hardware import HardwareSpec  # noqa: E402
 PROFILE = ROOT / "vime" / "sim" / "data" / "hardware" / "H200-141G-measured.json"
 PROMPT = 128  # vllm_bench.py's decode prompts
 HOSTS = {  # candidate CPU steps (efficiency fields), h200_notes.md twelfth session
-    "fast_host": {"host_step_s": 2.5e-3, "host_step_per_seq_s": 27e-6, "iteration_overhead_s": 0.0},
-    "median_host": {"host_step_s": 3.85e-3, "host_step_per_seq_s": 30.4e-6, "iteration_overhead_s": 0.0},
+    "fast_host": {"host_step_s": 2.5e-3, "host_step_per_seq_s": 27e-6, "iteration_overhead_s": 0.0,
+                  "iteration_layer_s": 0.0},
+    "median_host": {"host_step_s": 3.85e-3, "host_step_per_seq_s": 30.4e-6, "iteration_overhead_s": 0.0,
+                    "iteration_layer_s": 0.0},
 }
 #: The lockstep fit's k (CPU step per request + response building per token) at the fastest host measured,
 #: ~60 us, split as the s13 whole steps' first/last response times split it (h200_notes.md, thirteenth session).

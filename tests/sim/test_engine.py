@@ -310,7 +310,8 @@ def test_iteration_time_roofline() -> None:
     cost = IterationModel.build(hw, m, EngineSettings(tp=2))
     decode = cost.time(1, 1000, 1000)
     weights_read = m.weight_bytes(2) / (hw.hbm_bytes_per_s * hw.efficiency.decode_bw_util)
-    assert decode > weights_read + hw.efficiency.iteration_overhead_s
+    assert decode > weights_read + cost.overhead_s
+    assert cost.overhead_s == pytest.approx(m.num_layers * hw.efficiency.iteration_layer_s) and cost.overhead_s > 1e-3
     prefill = cost.time(8192, 8192, 8192 * 8193 / 2)
     flops = m.flops_per_token(0) * 8192 + (m.flops_per_token(4096) - m.flops_per_token(0)) / 4096 * 8192 * 8193 / 2
     assert prefill >= flops / 2 / (hw.bf16_flops * hw.efficiency.prefill_mfu)

@@ -300,7 +300,7 @@ def test_train_time_by_hand_for_one_sequence():
     optimizer = p * 30 / (H100.hbm_bytes_per_s * H100.efficiency.decode_bw_util)  # DP 1: no reduce
     backup = 2 * p / (H100.host_link_d2h_bytes_per_s * H100.efficiency.host_copy_util)
     # resident (--no-offload-train): PyTorch's cache emptied after training, the largest activations unmapped
-    empty = cl.gpus[0].peak("actor", "activations") / GiB * H100.vmm.unmap_release_s_per_gib
+    empty = cl.gpus[0].peak("actor", "activations") / GiB * H100.vmm.torch_free_s_per_gib
     assert empty > 0
     assert cl.env.now - t0 == pytest.approx(compute + tp_comm + optimizer + backup + empty, rel=1e-9)
     assert metrics.extra["perf/train_time"] == pytest.approx(cl.env.now - t0, rel=1e-12)

@@ -23,6 +23,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "eager_iteration_s": 0.0,                 # GPU launch cost of an iteration past the CUDA graphs (optional)
         "uncompiled_host_s_per_layer": 0.0,       # engine CPU per layer and iteration without torch.compile (optional)
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
+        "iteration_layer_s": 0.0,                 # + fixed GPU time per model layer of an iteration (optional, 0)
         "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
         "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
         "host_step_tp_scale": 1.0,                # that CPU step at TP > 1 over TP = 1 (optional, 1)
@@ -357,7 +358,7 @@ class HardwareSpec:
             host_link_d2h_bytes_per_s=number("host_link_d2h_bytes_per_s", data["host_link_d2h_bytes_per_s"]),
             cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
             internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
-            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "host_step_s", "host_step_per_seq_s",
+            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "iteration_layer_s", "host_step_s", "host_step_per_seq_s",
                                                          "decode_weight_bw_util", "eager_iteration_s",
                                                          "uncompiled_host_s_per_layer",
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
@@ -394,6 +395,7 @@ def list_hardware() -> list[str]:
 CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pinned_alloc_s_per_gib",
              "vmm.pinned_free_s_per_gib", "efficiency.host_step_s", "efficiency.host_step_per_seq_s",
              "efficiency.host_step_tp_scale", "efficiency.iteration_overhead_s", "efficiency.collective_latency_s",
+             "efficiency.iteration_layer_s",
              "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
              "efficiency.export_per_tensor_s", "software.trainer_process_bytes", "efficiency.state_check_per_tensor_s",
              "efficiency.state_check_bytes_per_s", "efficiency.released_wake_s_per_gib",

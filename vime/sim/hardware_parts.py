@@ -70,7 +70,11 @@ class Efficiency:
     #: compilation with the graphs): each op dispatched from Python, on the engine's CPU step, so it shows at any
     #: batch. Host and vLLM work, not a chip property (carried to the datasheet presets).
     uncompiled_host_s_per_layer: float = 0.0
+    #: A decode iteration's fixed GPU time beyond what it reads: per step (iteration_overhead_s) and per model layer
+    #: (iteration_layer_s, the layer's small kernels that a CUDA graph still runs one after another). vLLM 0.25.1 on
+    #: Hopper: 0 and ~50 us (the H100's dense 4B-32B B=1 steps: bench/data/h200_notes.md, thirtieth session).
     iteration_overhead_s: float = 0.003
+    iteration_layer_s: float = 0.0
     #: vLLM's CPU work per engine step (scheduling, input preparation, output processing):
     #: host_step_s + host_step_per_seq_s · scheduled requests. It overlaps the GPU's work (async
     #: scheduling), so a step takes max(GPU time, CPU time): at large batches the CPU bounds

@@ -72,7 +72,7 @@ class IterationModel:
     flops_base: float  # per token, whole model, without attention and without the output head
     flops_per_ctx: float  # per token per attended context token, whole model
     tp: int
-    overhead_s: float  # GPU-serial per iteration (launches), added to the GPU time
+    overhead_s: float  # GPU-serial per iteration (per step and per layer: launches, small kernels), added to the GPU time
     allreduce_per_token_s: float
     allreduce_latency_s: float
     flops_head: float = 0.0  # per sampled position (one per scheduled request), whole model
@@ -113,7 +113,7 @@ class IterationModel:
         host_scale = eff.host_step_tp_scale if tp > 1 else 1.0
         return cls(float(model.weight_bytes(tp)) - experts, float(model.kv_bytes_per_token(tp)),
                    hardware.decode_bytes_per_s, hardware.prefill_flops, base, per_ctx, tp,
-                   eff.iteration_overhead_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0) + a2a_s, lat,
+                   eff.iteration_overhead_s + model.num_layers * eff.iteration_layer_s, hardware.allreduce_seconds(ar_bytes, tp, calls=0) + a2a_s, lat,
                    model.lm_head_flops_per_token(), eff.host_step_s * host_scale, eff.host_step_per_seq_s * host_scale,
                    hardware.decode_weight_bytes_per_s, eff.eager_iteration_s, settings.cuda_graph_max_tokens,
                    experts, model.num_experts, model.moe_top_k, settings.kv_read_bytes_per_s,
