@@ -71,22 +71,24 @@ PRESETS = {
 }
 
 
-def moe_bodies() -> dict[str, dict]:
-    """The MoE presets of scripts/h200_train/seed_model.py (decode, prefill and front end only: no second model to push)."""
+def _seed_model():
+    """scripts/h200_train/seed_model.py, the bodies' configs and builders (its directory put on the path once)."""
     here = str(ROOT / "scripts" / "h200_train")
     if here not in sys.path:  # parse_args and run both ask
         sys.path.insert(0, here)
     import seed_model  # noqa: PLC0415
 
-    return seed_model.MOE_BODIES
+    return seed_model
+
+
+def moe_bodies() -> dict[str, dict]:
+    """The MoE presets of scripts/h200_train/seed_model.py (decode, prefill and front end only: no second model to push)."""
+    return _seed_model().MOE_BODIES
 
 
 def dummy_only() -> tuple[str, ...]:
     """seed_model's presets too large for the lent disk: served only with --dummy-weights."""
-    moe_bodies()
-    import seed_model  # noqa: PLC0415
-
-    return seed_model.DUMMY_ONLY
+    return _seed_model().DUMMY_ONLY
 
 
 def grid_rows(text: str) -> list[tuple[int, int]]:
@@ -102,8 +104,7 @@ def grid_rows(text: str) -> list[tuple[int, int]]:
 
 def build_moe(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
     """A random-weight MoE body written to `path` by seed_model (drawn on the GPU, freed after): (config, bytes)."""
-    import seed_model  # noqa: PLC0415 - moe_bodies() put it on the path
-
+    seed_model = _seed_model()
     seed_model.build_moe_body(path, preset, seed=1)
     meta = json.loads((path / "vime_model.json").read_text())
     return SimpleNamespace(**seed_model.body_config(preset)), 2 * int(meta["params"])
@@ -112,11 +113,9 @@ def build_moe(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
 def dummy_model(preset: str, path: Path) -> tuple[SimpleNamespace, int]:
     """Only the config.json of a seed_model preset: the server draws random weights itself (`--load-format dummy`), so
     a model larger than the lent disk can be served. (config, bytes of its bf16 weights by the simulator's count)."""
-    import seed_model  # noqa: PLC0415 - moe_bodies() put it on the path
-
     from vime.sim.models import load_model
 
-    moe_bodies()
+    seed_model = _seed_model()
     cfg_path = seed_model.write_body_config(path, preset)
     return SimpleNamespace(**seed_model.body_config(preset)), 2 * load_model(str(cfg_path)).num_params()
 
