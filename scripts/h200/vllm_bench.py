@@ -651,7 +651,9 @@ async def run(args) -> dict:
         spec = ServerSpec(
             model=str(model_dir), port=args.port, max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
-            weight_transfer_backend="ipc", max_num_seqs=256, enforce_eager=args.eager,
+            # a grid row of B requests runs in lockstep only if vLLM schedules all B at once
+            weight_transfer_backend="ipc", max_num_seqs=max(256, *(row[0] for row in args.decode_grid)),
+            enforce_eager=args.eager,
             tensor_parallel_size=args.tp,
             served_model_name="m",
             extra_args=("--skip-tokenizer-init", *(("--load-format", "dummy") if args.dummy_weights else ())),
