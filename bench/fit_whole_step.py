@@ -874,7 +874,7 @@ def _quarters(run: str, batch: int) -> list[tuple[int, float, float]]:
 
 def gpu_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
     """The attention's KV read rate and the sampler's time per logit: least squares over GPU_STEP_FIT's quarters of
-    step − (the iteration's fixed cost + its weights) = KV bytes / rate + requests · vocabulary · per-logit, each
+    step − (the iteration's fixed cost + its linear layers) = KV bytes / rate + requests · vocabulary · per-logit, each
     model's own weights and KV bytes per token. The calibration's 3.04 TB/s was torch's unfused attention
     (bench/calibrate.py); vLLM reads the KV with FlashAttention, and samples over the vocabulary after the forward."""
     from vime.sim.engine import EngineSettings, IterationModel
@@ -889,7 +889,7 @@ def gpu_step_terms(profile: dict) -> tuple[dict[str, float], list[str]]:
             im = IterationModel.build(hw, model, EngineSettings())
             for q, ctx, step in _quarters(run, batch):
                 if q in keep:  # the memory side only: where the step rises with its context, the reads bound it
-                    out.append((run, q, step - im.fixed(batch) - im._weights_s(batch),
+                    out.append((run, q, step - im.fixed(batch) - im.gemm_time(batch, batch),
                                 batch * ctx * model.kv_bytes_per_token(), batch * model.vocab_size, step))
         return out
 

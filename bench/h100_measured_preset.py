@@ -80,8 +80,9 @@ def build() -> dict:
         prof["engine"][k] = h200["engine"][k]
         src[f"engine.{k}"] = h200["sources"][f"engine.{k}"]
     # vLLM's decode step since the 29th session (fit_whole_step.py section 0a): the weights at the chip's own copy rate
-    # beside a fixed GPU part (per layer since the 30th), the attention's KV read and the sampler refitted under them
-    for k in ("decode_weight_bw_util", "iteration_overhead_s", "iteration_layer_s"):
+    # beside a fixed GPU part (per layer since the 30th), the GEMMs' smooth roofline (31st), the attention's KV read and
+    # the sampler refitted under them
+    for k in ("decode_weight_bw_util", "iteration_overhead_s", "iteration_layer_s", "gemm_roofline_p"):
         eff[k] = h200["efficiency"][k]
         src[f"efficiency.{k}"] = h200["sources"][f"efficiency.{k}"]
     for k in ("kv_read_bytes_per_s", "sample_s_per_logit"):

@@ -91,13 +91,22 @@ def main(argv: list[str] | None = None) -> int:
     from vime.sim.models import load_model
 
     small = [r for r in res if r["max_num_seqs"] <= 16]
-    moe = {name: load_model(name).is_moe for name in {r["vime_model"] for r in small}}
+    moe = {name: load_model(name).is_moe for name in {r["vime_model"] for r in res}}
     for gpu in sorted({r["gpu"] for r in small}):
         for dense in (True, False):
             errs = [r["error"][PROMPTS[0]] for r in small if r["gpu"] == gpu and moe[r["vime_model"]] != dense]
             if errs:
                 print(f"{gpu} {'dense' if dense else 'MoE'} rows at <= 16 requests: median {100 * statistics.median(errs):+.1f} %, "
                       f"{100 * min(errs):+.1f} .. {100 * max(errs):+.1f} % over {len(errs)}")
+    # the large batches, where the linear layers' FLOPs meet their weights (the GEMMs' roofline); the prompts' length
+    # is not published, so both bracketing assumptions
+    large = [r for r in res if r["avg_batch_size"] >= 64]
+    for gpu in sorted({r["gpu"] for r in large}):
+        for dense in (True, False):
+            rows = [r for r in large if r["gpu"] == gpu and moe[r["vime_model"]] != dense]
+            if rows:
+                print(f"{gpu} {'dense' if dense else 'MoE'} rows at >= 64 requests ({len(rows)}): median " + ", ".join(
+                    f"{100 * statistics.median(r['error'][p] for r in rows):+.1f} % (P={p})" for p in PROMPTS))
     return 0
 
 

@@ -331,10 +331,16 @@ def test_a_measured_kv_rate_and_the_sampler_enter_the_gpu_step_by_hand() -> None
     cost = IterationModel.build(hw, m, EngineSettings(kv_read_bytes_per_s=rate, sample_s_per_logit=per_logit))
     n, ctx = 256, 256 * 3000
     kv = m.kv_bytes_per_token(1) * ctx
-    # memory-bound: weights at the weight rate, the KV at the measured rate (not the streaming rate)
+    # the linear layers: their weights at the weight rate against their FLOPs (256 rows of the 0.6B's big output head
+    # lead), the profile's p-norm of the two; then the attention's KV read at the measured rate (not the streaming rate), which their tensor
+    # cores do not hide: separate kernels
     weights = m.weight_bytes(1) / hw.decode_weight_bytes_per_s
-    assert plain.gpu_time(n, ctx, ctx) == pytest.approx(plain.fixed(n) + weights + kv / hw.decode_bytes_per_s)
-    by_hand = cost.fixed(n) + n * m.vocab_size * per_logit + weights + kv / rate
+    gemm_flops = n * (m.flops_per_token(0, lm_head=False) + m.lm_head_flops_per_token())
+    p, flops_s = hw.efficiency.gemm_roofline_p, gemm_flops / hw.prefill_flops
+    gemm = (weights ** p + flops_s ** p) ** (1 / p)  # near the ridge the two roofs add in part
+    assert flops_s > weights and gemm > 1.05 * flops_s
+    assert plain.gpu_time(n, ctx, ctx) == pytest.approx(plain.fixed(n) + gemm + kv / hw.decode_bytes_per_s)
+    by_hand = cost.fixed(n) + n * m.vocab_size * per_logit + gemm + kv / rate
     assert cost.gpu_time(n, ctx, ctx) == pytest.approx(by_hand, rel=1e-12)
     assert cost.time(n, ctx, ctx) == pytest.approx(max(by_hand, cost.host(n)), rel=1e-12)
     c, m0, _, f0, _ = cost.decode_lines(n, ctx)

@@ -24,6 +24,7 @@ any path a user passes with ``--hardware FILE.json``). The schema is stable; cal
         "uncompiled_host_s_per_layer": 0.0,       # engine CPU per layer and iteration without torch.compile (optional)
         "iteration_overhead_s": 0.003,            # fixed engine scheduler cost per iteration (s)
         "iteration_layer_s": 0.0,                 # + fixed GPU time per model layer of an iteration (optional, 0)
+        "gemm_roofline_p": 0.0,                   # engine GEMMs: (weights^p + FLOPs^p)^(1/p), p >= 1 (optional, 0 = max)
         "host_step_s": 0.0,                       # engine CPU work per step, overlapped with the GPU (optional, 0)
         "host_step_per_seq_s": 0.0,               # + this per scheduled request (optional, 0)
         "host_step_tp_scale": 1.0,                # that CPU step at TP > 1 over TP = 1 (optional, 1)
@@ -308,6 +309,9 @@ class HardwareSpec:
             if bad:
                 raise ConfigError(f"hardware profile {origin}: unknown {key} field(s) {bad}; known: {sorted(names)}")
             vals = {k: number(f"{key}.{k}", v, positive=k not in zero_ok) for k, v in raw.items()}
+            if 0.0 < vals.get("gemm_roofline_p", 0.0) < 1.0:
+                raise ConfigError(f"hardware profile {origin}: {key}.gemm_roofline_p must be 0 (the larger roof) or "
+                                  f">= 1 (a p-norm of the two), got {vals['gemm_roofline_p']}")
             for k, v in vals.items():
                 if k.endswith(("_mfu", "_util")) and v > 1.0:
                     raise ConfigError(f"hardware profile {origin}: {key}.{k} is a fraction of the peak "
@@ -358,7 +362,7 @@ class HardwareSpec:
             host_link_d2h_bytes_per_s=number("host_link_d2h_bytes_per_s", data["host_link_d2h_bytes_per_s"]),
             cuda_context_bytes=int(number("cuda_context_bytes", data["cuda_context_bytes"], positive=False)),
             internode_bytes_per_s=number("internode_bytes_per_s", data.get("internode_bytes_per_s", 50e9)),
-            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "iteration_layer_s", "host_step_s", "host_step_per_seq_s",
+            efficiency=section("efficiency", Efficiency, frozenset({"iteration_overhead_s", "iteration_layer_s", "gemm_roofline_p", "host_step_s", "host_step_per_seq_s",
                                                          "decode_weight_bw_util", "eager_iteration_s",
                                                          "uncompiled_host_s_per_layer",
                                                          "train_host_fwd_s_per_layer", "train_attention_mfu",
@@ -395,7 +399,7 @@ def list_hardware() -> list[str]:
 CARRIABLE = ("vmm.create_map_s_per_gib", "vmm.unmap_release_s_per_gib", "vmm.pinned_alloc_s_per_gib",
              "vmm.pinned_free_s_per_gib", "efficiency.host_step_s", "efficiency.host_step_per_seq_s",
              "efficiency.host_step_tp_scale", "efficiency.iteration_overhead_s", "efficiency.collective_latency_s",
-             "efficiency.iteration_layer_s",
+             "efficiency.iteration_layer_s", "efficiency.gemm_roofline_p",
              "efficiency.eager_iteration_s", "vmm.shared_map_s_per_gib", "efficiency.export_call_s",
              "efficiency.export_per_tensor_s", "software.trainer_process_bytes", "efficiency.state_check_per_tensor_s",
              "efficiency.state_check_bytes_per_s", "efficiency.released_wake_s_per_gib",

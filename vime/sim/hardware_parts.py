@@ -75,6 +75,11 @@ class Efficiency:
     #: Hopper: 0 and ~50 us (the H100's dense 4B-32B B=1 steps: bench/data/h200_notes.md, thirtieth session).
     iteration_overhead_s: float = 0.003
     iteration_layer_s: float = 0.0
+    #: vLLM's linear layers take (weights^p + FLOPs^p)^(1/p) of their two roofs' times, not the larger: near the ridge
+    #: (a decode batch whose GEMM FLOPs take about as long as its weight stream) the two roofs add in part. Kernel
+    #: behaviour, not a chip property: 2.5 on Hopper's dense 14B/32B decode at 64-256 requests (bench/data/
+    #: h200_notes.md, thirty-first session); 0 = the larger one (a hard roofline).
+    gemm_roofline_p: float = 0.0
     #: vLLM's CPU work per engine step (scheduling, input preparation, output processing):
     #: host_step_s + host_step_per_seq_s · scheduled requests. It overlaps the GPU's work (async
     #: scheduling), so a step takes max(GPU time, CPU time): at large batches the CPU bounds

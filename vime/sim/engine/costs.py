@@ -44,11 +44,15 @@ class IterationModel:
 
     GPU time = overhead (+ eager launch cost past the CUDA-graph sizes) + all-reduce(tokens)
     + the sampler (requests · vocabulary · sample_s_per_logit)
-    + max(weights / weight rate + KV bytes read / KV rate, FLOPs / (TP · prefill FLOP/s)),
-    KV bytes = kv_bytes_per_token · (context tokens read), and FLOPs = the body for
-    every computed token, the output head once per scheduled request (vLLM computes logits only
-    at each request's last position, so a prefill chunk pays it once, not per prompt token) and
-    the attention, linear in the attended context.
+    + GEMMs(weights / weight rate, GEMM FLOPs / (TP · prefill FLOP/s)), the larger of the two roofs or, with
+      `efficiency.gemm_roofline_p`, their p-norm (near the ridge the two add in part)
+    + max(KV bytes read / KV rate, attention FLOPs / (TP · prefill FLOP/s)):
+    the GEMMs and the attention are separate kernels in sequence, so the tensor cores of the GEMMs
+    cannot hide the attention's KV read (the dense 14B/32B decode at 256 requests, vllm_bench_s31).
+    KV bytes = kv_bytes_per_token · (context tokens read); GEMM FLOPs = the body for every computed
+    token and the output head once per scheduled request (vLLM computes logits only at each
+    request's last position, so a prefill chunk pays it once, not per prompt token); attention
+    FLOPs are linear in the attended context.
 
     The iteration takes max(GPU time, host time), host time = host_s + host_per_seq_s · requests:
     vLLM's CPU work of a step (scheduling, input preparation, output processing) runs while the
@@ -88,6 +92,7 @@ class IterationModel:
     sample_s: float = 0.0  # the sampler per sampled position (vocabulary · sample_s_per_logit)
     dispatch_s: float = 0.0  # the forward's op-by-op Python dispatch per iteration (no torch.compile)
     overlap: bool = True  # async scheduling: the CPU step beside the GPU's (False: after it)
+    roofline_p: float = 0.0  # the GEMMs' two roofs combined as a p-norm (0: the larger one)
 
     @classmethod
     def build(cls, hardware: HardwareSpec, model: ModelSpec, settings: EngineSettings) -> IterationModel:
@@ -119,7 +124,7 @@ class IterationModel:
                    experts, model.num_experts, model.moe_top_k, settings.kv_read_bytes_per_s,
                    model.vocab_size * settings.sample_s_per_logit,
                    0.0 if settings.compiled else model.num_layers * eff.uncompiled_host_s_per_layer,
-                   settings.async_scheduling)
+                   settings.async_scheduling, eff.gemm_roofline_p)
 
     def host(self, seqs: int) -> float:
         """The engine's CPU time of one step with `seqs` scheduled requests."""
@@ -141,10 +146,18 @@ class IterationModel:
     def gpu_time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """The GPU's part of an iteration (what a bare PyTorch forward of the same shapes takes)."""
         seqs = tokens if seqs is None else seqs
-        mem = self._weights_s(tokens) + self.kv_bytes_per_token * kv_read_tokens / (self.kv_bytes_per_s or self.bytes_per_s)
-        comp = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) \
-            / self.tp / self.flops_per_s
-        return self.fixed(tokens) + self.sample_s * seqs + max(mem, comp)
+        kv = self.kv_bytes_per_token * kv_read_tokens / (self.kv_bytes_per_s or self.bytes_per_s)
+        attention = self.flops_per_ctx * attn_ctx / self.tp / self.flops_per_s
+        return self.fixed(tokens) + self.sample_s * seqs + self.gemm_time(tokens, seqs) + max(kv, attention)
+
+    def gemm_time(self, tokens: int, seqs: int) -> float:
+        """The linear layers of an iteration: their weights streamed once against their FLOPs, the larger one, or
+        near the ridge, where the two roofs add in part, their p-norm (`roofline_p`)."""
+        comp, weights = (self.flops_base * tokens + self.flops_head * seqs) / self.tp / self.flops_per_s, self._weights_s(tokens)
+        if self.roofline_p <= 0.0:
+            return max(weights, comp)
+        hi, lo = max(weights, comp), min(weights, comp)
+        return hi * (1.0 + (lo / hi) ** self.roofline_p) ** (1.0 / self.roofline_p) if hi > 0.0 else 0.0
 
     def time(self, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
         """One iteration computing `tokens` tokens of `seqs` requests (None: one token each, decode),
@@ -171,14 +184,15 @@ class IterationModel:
 
     def decode_lines(self, n: int, ctx0: float) -> tuple[float, float, float, float, float]:
         """(C, m0, m1, f0, f1) of the GPU time for n requests decoding in lockstep whose contexts sum
-        to ctx0 at j = 0 (the host floor is `host(n)`)."""
+        to ctx0 at j = 0: C the part that does not grow with the context (fixed, sampler, the GEMMs), then
+        the attention's KV read m0 + m1·j against its FLOPs f0 + f1·j (the host floor is `host(n)`)."""
         kv_rate = self.kv_bytes_per_s or self.bytes_per_s
-        m0 = self._weights_s(n) + self.kv_bytes_per_token * ctx0 / kv_rate
+        m0 = self.kv_bytes_per_token * ctx0 / kv_rate
         m1 = self.kv_bytes_per_token * n / kv_rate
         scale = 1.0 / (self.tp * self.flops_per_s)
-        f0 = ((self.flops_base + self.flops_head) * n + self.flops_per_ctx * ctx0) * scale
+        f0 = self.flops_per_ctx * ctx0 * scale
         f1 = self.flops_per_ctx * n * scale
-        return self.fixed(n) + self.sample_s * n, m0, m1, f0, f1
+        return self.fixed(n) + self.sample_s * n + self.gemm_time(n, n), m0, m1, f0, f1
 
 
 def sum_max_of_lines(lines: Sequence[tuple[float, float]], k: int) -> float:

@@ -66,7 +66,7 @@ class EngineSettings:
     #: vime's client), paid half on the way in and half on the way out, so concurrent requests still
     #: batch: the lone 16-token request's 18.8 ms (H200, phase `frontend`) minus its modelled first step and
     #: the building of its one-token response (bench/fit_whole_step.py section 7).
-    request_overhead_s: float = 0.0124
+    request_overhead_s: float = 0.0123
     #: vLLM's API server builds each finished request's response (token ids and log-probs) in its one Python
     #: process, one response at a time: response_per_request_s + response_per_token_s per generated token.
     #: The H200 0.6B vLLM-alone bench's first and last response times (2026-12-04, ninth lease): 6.2-8.3 ms per
