@@ -18,7 +18,8 @@ Every row also carries the flat part's step (the mean decode iteration, engine o
 
     python bench/predict_vllm_bench.py --preset qwen3-0.6b --out bench/data/vllm_bench_s13/predicted_06b.json
     python bench/predict_vllm_bench.py --compare bench/data/vllm_bench_s13/predicted_06b.json \
-        bench/data/vllm_bench_s13/vllm_06b_host1.json [more runs]   # measured vs each hypothesis, error %
+        bench/data/vllm_bench_s13/vllm_06b_host1.json [more runs]   # measured vs each hypothesis, error %; rows
+                                                                    # `step B=..`: vLLM's own step (its ITL)
     python bench/predict_vllm_bench.py --fit bench/data/vllm_bench_s13/vllm_06b_host*.json   # the lockstep fit
 
 The lockstep fit: a decode row of B requests × n tokens (all finish together) takes
@@ -200,6 +201,15 @@ def compare(pred_path: str, run_paths: list[str]) -> int:
                 cells.append(f"{p:12.4f} {e:+7.1f} %")
             print(f"{row:40s} {m:9.4f} " + " ".join(cells))
         print(f"{'largest |error|':50s} " + " ".join(f"{max(errs[n]):19.1f} %" for n in names))
+        for r in json.loads(Path(path).read_text())["phases"].get("decode", []):
+            # vLLM's own step (its inter-token latency), beside each hypothesis's mean decode step of the row
+            key = f"B={r['batch']} x {r['max_tokens']}"
+            if not r.get("itl_mean_s") or key not in pred["hypotheses"][names[0]].get("mean_decode_step_s", {}):
+                continue
+            m = r["itl_mean_s"]
+            print(f"{'step ' + key:40s} {1e3 * m:7.2f}ms " + " ".join(
+                f"{1e3 * p:10.2f}ms {100 * (p - m) / m:+7.1f} %"
+                for p in (pred["hypotheses"][n]["mean_decode_step_s"][key] for n in names)))
         fits = {"measured": lockstep_fit(json.loads(Path(path).read_text()))}
         for n in names:  # the same fit of each hypothesis's rows: where the model's k stands
             walls = pred["hypotheses"][n]["wall_s"]
