@@ -652,7 +652,7 @@ async def run(args) -> dict:
             model=str(model_dir), port=args.port, max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization, enable_sleep_mode=True,
             # a grid row of B requests runs in lockstep only if vLLM schedules all B at once
-            weight_transfer_backend="ipc", max_num_seqs=max(256, *(row[0] for row in args.decode_grid)),
+            weight_transfer_backend="ipc", max_num_seqs=max([256, *(row[0] for row in args.decode_grid)]),
             enforce_eager=args.eager,
             tensor_parallel_size=args.tp,
             served_model_name="m",
