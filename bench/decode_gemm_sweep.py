@@ -1,0 +1,166 @@
+"""A dense model's decode GEMMs alone on one GPU: every layer's linear products and the LM head at M rows, in a CUDA graph.
+
+vLLM's dense decode step at large batches is longer than the engine model's GEMM roofline says (the thirty-second
+session's H100 14B grid: −11 % at 192 requests, −24 % at 512). The step holds more than the GEMMs (the sampler, the
+attention, the CPU step), so this times the GEMMs by themselves: the model's full set of linear weights in bf16
+(random, distinct per layer so every product streams its weights from HBM), each product `F.linear` as vLLM's
+unquantized layers call it, the whole stack captured in one CUDA graph and replayed. Its time per M is what the
+engine model calls `gemm_time(M, M)`; `--predict` writes the model's.
+
+    python bench/decode_gemm_sweep.py --predict --profile H100-SXM-80G-measured --out P.json   # the model's (CPU)
+    python bench/decode_gemm_sweep.py --out $OUT/decode_gemm_h100.json                          # on the GPU
+    python bench/decode_gemm_sweep.py --compare P.json M.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "scripts" / "h200_train"))
+
+PRESETS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
+ROWS = (1, 16, 64, 128, 160, 192, 224, 256, 320, 384, 448, 512, 768, 1024)
+VOCAB = 151936
+
+
+def shapes(preset: str) -> tuple[int, list[tuple[str, int, int]]]:
+    """(layers, [(name, in, out)] of one layer's linear products, the LM head last as its own entry)."""
+    from seed_model import BODIES  # noqa: PLC0415 - scripts/h200_train
+
+    b = BODIES[preset]
+    h, heads, kv, hd, ffn = (b["hidden_size"], b["num_attention_heads"], b["num_key_value_heads"], b["head_dim"],
+                             b["intermediate_size"])
+    return b["num_hidden_layers"], [("qkv", h, (heads + 2 * kv) * hd), ("o", heads * hd, h), ("gate_up", h, 2 * ffn),
+                                    ("down", ffn, h), ("lm_head", h, VOCAB)]
+
+
+def predict(profile: str, presets: tuple[str, ...], rows: tuple[int, ...]) -> dict:
+    from compare_calibration import _iter_model  # noqa: PLC0415
+    from fit_whole_step import model_of  # noqa: PLC0415
+
+    from vime.sim.hardware import HardwareSpec  # noqa: PLC0415
+
+    hw = HardwareSpec.from_dict(json.loads((ROOT / "vime" / "sim" / "data" / "hardware" / f"{profile}.json").read_text()),
+                                origin=profile)
+    out: dict = {"profile": profile, "rows": list(rows), "presets": {}}
+    for preset in presets:
+        im = _iter_model(hw, model_of(preset))
+        out["presets"][preset] = {str(m): {"gemm_s": im.gemm_time(m, m), "weights_s": im._weights_s(m),
+                                           "flops_s": (im.flops_base * m + im.flops_head * m) / im.tp / im.flops_per_s}
+                                  for m in rows}
+    return out
+
+
+def measure(presets: tuple[str, ...], rows: tuple[int, ...], repeat: int) -> dict:
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415,N812
+
+    dev = torch.device("cuda")
+    out: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": list(rows),
+                 "repeat": repeat, "presets": {}}
+    for preset in presets:
+        layers, mats = shapes(preset)
+        body, head = mats[:-1], mats[-1]
+        weights = [[torch.empty(o, i, dtype=torch.bfloat16, device=dev).normal_(0, 0.02) for _, i, o in body]
+                   for _ in range(layers)]
+        lm_head = torch.empty(head[2], head[1], dtype=torch.bfloat16, device=dev).normal_(0, 0.02)
+        res = {"layers": layers, "weight_bytes": sum(w.numel() * 2 for ws in weights for w in ws) + lm_head.numel() * 2,
+               "rows": {}}
+        for m in rows:
+            xs = [torch.randn(m, i, dtype=torch.bfloat16, device=dev) for _, i, _ in body]
+            xh = torch.randn(m, head[1], dtype=torch.bfloat16, device=dev)
+
+            def stack(xs=xs, xh=xh, weights=weights, lm_head=lm_head) -> None:
+                for ws in weights:
+                    for x, w in zip(xs, ws, strict=True):
+                        F.linear(x, w)
+                F.linear(xh, lm_head)
+
+            stack()  # cuBLAS picks its kernels and workspace outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                stack()
+            g.replay()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(repeat):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            # one layer's products apart (eager, median of `repeat`): which product leaves the roofline
+            parts = {}
+            for j, ((name, _, _), x) in enumerate(zip(body, xs, strict=True)):
+                ts = []
+                for _ in range(repeat):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    for ws in weights[:8]:  # eight layers' copies: HBM, not L2
+                        F.linear(x, ws[j])
+                    b.record()
+                    b.synchronize()
+                    ts.append(a.elapsed_time(b) / 1e3 / 8)
+                parts[name] = statistics.median(ts)
+            res["rows"][str(m)] = {"stack_s": statistics.median(times), "min_s": min(times), "per_layer_parts_s": parts}
+            print(f"{preset} M={m}: {1e3 * statistics.median(times):.2f} ms "
+                  + " ".join(f"{k} {1e6 * v:.0f}us" for k, v in parts.items()), flush=True)
+            del g, xs, xh
+        out["presets"][preset] = res
+        del weights, lm_head
+        torch.cuda.empty_cache()
+    return out
+
+
+def compare(pred_path: str, run_path: str) -> int:
+    pred, run = json.loads(Path(pred_path).read_text()), json.loads(Path(run_path).read_text())
+    print(f"GEMM stack per decode step: measured ({run.get('device')}) vs the engine model ({pred['profile']})")
+    for preset, rows in run["presets"].items():
+        p = pred["presets"].get(preset)
+        if p is None:
+            continue
+        print(preset)
+        for m, r in rows["rows"].items():
+            if m not in p:
+                continue
+            got, want = r["stack_s"], p[m]["gemm_s"]
+            flops = p[m]["flops_s"] * 1.0
+            print(f"  M={int(m):5d}  measured {1e3 * got:7.2f} ms  model {1e3 * want:7.2f}  error {100 * (want / got - 1):+6.1f} %"
+                  f"   (weights roof {1e3 * p[m]['weights_s']:.2f}, FLOPs roof {1e3 * flops:.2f})")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M (tokens per step)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--predict", action="store_true", help="write the engine model's gemm_time instead (no GPU)")
+    ap.add_argument("--profile", default="H100-SXM-80G-measured")
+    ap.add_argument("--compare", nargs=2, metavar=("PREDICTED", "MEASURED"))
+    args = ap.parse_args()
+    if args.compare:
+        return compare(*args.compare)
+    presets = tuple(p for p in args.presets.split(",") if p)
+    rows = tuple(int(m) for m in args.rows.split(","))
+    if bad := [p for p in presets if p not in PRESETS]:
+        ap.error(f"--presets: unknown {bad}; choose from {', '.join(PRESETS)}")
+    if not args.out:
+        ap.error("--out is required")
+    res = predict(args.profile, presets, rows) if args.predict else measure(presets, rows, args.repeat)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
