@@ -58,7 +58,7 @@ def predict(profile: str, presets: tuple[str, ...], rows: tuple[int, ...]) -> di
     return out
 
 
-def measure(presets: tuple[str, ...], rows: tuple[int, ...], repeat: int) -> dict:
+def measure(presets: tuple[str, ...], rows: tuple[int, ...], repeat: int, path: Path | None = None) -> dict:
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415,N812
 
@@ -114,11 +114,48 @@ def measure(presets: tuple[str, ...], rows: tuple[int, ...], repeat: int) -> dic
             res["rows"][str(m)] = {"stack_s": statistics.median(times), "min_s": min(times), "per_layer_parts_s": parts}
             print(f"{preset} M={m}: {1e3 * statistics.median(times):.2f} ms "
                   + " ".join(f"{k} {1e6 * v:.0f}us" for k, v in parts.items()), flush=True)
-            del g, xs, xh
+            del g, xs, xh, stack
         out["presets"][preset] = res
         del weights, lm_head
         torch.cuda.empty_cache()
+        if path:
+            path.write_text(json.dumps(out, indent=1) + "\n")  # each model as it is done: a later one may not fit
+    out["sampler"] = sampler(rows, repeat)
     return out
+
+
+def sampler(rows: tuple[int, ...], repeat: int) -> dict:
+    """The sampler's GPU work as a rollout asks it (temperature 1, one logprob): the logits to fp32, their log-softmax,
+    a draw by the exponential race, the drawn token's logprob and rank, the top-1 logprob; per M rows of the vocabulary."""
+    import torch  # noqa: PLC0415
+
+    res = {}
+    for m in rows:
+        logits = torch.randn(m, VOCAB, dtype=torch.bfloat16, device="cuda")
+
+        def step(logits=logits) -> None:
+            x = logits.float()
+            logp = torch.log_softmax(x, dim=-1)
+            probs = torch.softmax(x, dim=-1)
+            tok = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1, keepdim=True)
+            chosen = logp.gather(-1, tok)
+            (logp > chosen).sum(-1)  # the drawn token's rank
+            logp.topk(1, dim=-1)
+
+        step()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(repeat):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        res[str(m)] = statistics.median(ts)
+        print(f"sampler M={m}: {1e3 * res[str(m)]:.3f} ms", flush=True)
+        del logits, step
+    return res
 
 
 def compare(pred_path: str, run_path: str) -> int:
@@ -157,7 +194,7 @@ def main() -> int:
         ap.error(f"--presets: unknown {bad}; choose from {', '.join(PRESETS)}")
     if not args.out:
         ap.error("--out is required")
-    res = predict(args.profile, presets, rows) if args.predict else measure(presets, rows, args.repeat)
+    res = predict(args.profile, presets, rows) if args.predict else measure(presets, rows, args.repeat, args.out)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
