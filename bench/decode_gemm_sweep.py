@@ -158,6 +158,64 @@ def sampler(rows: tuple[int, ...], repeat: int) -> dict:
     return res
 
 
+#: (requests, context tokens per request) of the attention rows: the grids' mean context (128-token prompts, 128 new),
+#: then a long context at few requests (the KV rate where each request's read is long)
+ATTN_ROWS = ((64, 192), (128, 192), (192, 192), (256, 192), (384, 192), (512, 192), (16, 1088), (64, 1088),
+             (128, 1088))
+BLOCK = 16  # vLLM's KV block on FlashAttention
+
+
+def attention(presets: tuple[str, ...], rows: tuple[tuple[int, int], ...], repeat: int) -> dict:
+    """vLLM's own FlashAttention-3 paged decode (its `flash_attn_varlen_func`, one query token a request) over every
+    layer's KV cache, in a CUDA graph: the attention part of a decode step."""
+    import torch  # noqa: PLC0415
+    from seed_model import BODIES  # noqa: PLC0415
+    from vllm.vllm_flash_attn import flash_attn_varlen_func  # noqa: PLC0415 - the run's vLLM (run.sh exec)
+
+    out = {}
+    for preset in presets:
+        b = BODIES[preset]
+        layers, hq, hk, hd = b["num_hidden_layers"], b["num_attention_heads"], b["num_key_value_heads"], b["head_dim"]
+        res = {}
+        for n, ctx in rows:
+            blocks_per = -(-ctx // BLOCK)
+            caches = [torch.randn(2, n * blocks_per, BLOCK, hk, hd, dtype=torch.bfloat16, device="cuda")
+                      for _ in range(layers)]
+            table = torch.arange(n * blocks_per, dtype=torch.int32, device="cuda").view(n, blocks_per)
+            seqused = torch.full((n,), ctx, dtype=torch.int32, device="cuda")
+            cu_q = torch.arange(n + 1, dtype=torch.int32, device="cuda")
+            q = torch.randn(n, hq, hd, dtype=torch.bfloat16, device="cuda")
+            o = torch.empty_like(q)
+
+            def step(caches=caches, table=table, seqused=seqused, cu_q=cu_q, q=q, o=o, ctx=ctx, scale=hd ** -0.5) -> None:
+                for kv in caches:
+                    flash_attn_varlen_func(q, kv[0], kv[1], max_seqlen_q=1, cu_seqlens_q=cu_q, max_seqlen_k=ctx,
+                                           seqused_k=seqused, softmax_scale=scale, causal=True,
+                                           block_table=table, out=o, fa_version=3)
+
+            step()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            ts = []
+            for _ in range(repeat):
+                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                e.record()
+                e.synchronize()
+                ts.append(a.elapsed_time(e) / 1e3)
+            kv_bytes = layers * n * ctx * 2 * hk * hd * 2
+            res[f"{n}x{ctx}"] = {"attn_s": statistics.median(ts), "kv_bytes": kv_bytes}
+            print(f"{preset} attention B={n} ctx={ctx}: {1e3 * statistics.median(ts):.3f} ms, "
+                  f"{kv_bytes / statistics.median(ts) / 1e12:.2f} TB/s of KV", flush=True)
+            del g, step, caches, table, seqused, cu_q, q, o
+            torch.cuda.empty_cache()
+        out[preset] = res
+    return out
+
+
 def compare(pred_path: str, run_path: str) -> int:
     pred, run = json.loads(Path(pred_path).read_text()), json.loads(Path(run_path).read_text())
     print(f"GEMM stack per decode step: measured ({run.get('device')}) vs the engine model ({pred['profile']})")
@@ -184,6 +242,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--predict", action="store_true", help="write the engine model's gemm_time instead (no GPU)")
     ap.add_argument("--profile", default="H100-SXM-80G-measured")
+    ap.add_argument("--attention", action="store_true", help="time vLLM's paged decode attention instead (needs vLLM)")
     ap.add_argument("--compare", nargs=2, metavar=("PREDICTED", "MEASURED"))
     args = ap.parse_args()
     if args.compare:
@@ -194,7 +253,10 @@ def main() -> int:
         ap.error(f"--presets: unknown {bad}; choose from {', '.join(PRESETS)}")
     if not args.out:
         ap.error("--out is required")
-    res = predict(args.profile, presets, rows) if args.predict else measure(presets, rows, args.repeat, args.out)
+    if args.attention:
+        res = {"attention": attention(presets, ATTN_ROWS, args.repeat)}
+    else:
+        res = predict(args.profile, presets, rows) if args.predict else measure(presets, rows, args.repeat, args.out)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
