@@ -2,7 +2,9 @@
 
 A decode step's GPU time, past its fixed part and the sampler, is the linear layers (their weights streamed, or
 their FLOPs) and the attention (its KV read, or its FLOPs). The structures, each over every dense
-`scripts/h200/vllm_bench.py` row of both chips (vLLM's own inter-token latency, the mean over the row's steps):
+`scripts/h200/vllm_bench.py` row of both chips: vLLM's own mean inter-token latency against the model's of the row
+scheduled as vLLM schedules it (`compare_calibration.decode_schedule`; at 192+ requests of 128-token prompts the
+early requests decode beside the later prompts' prefill chunks, which the latency holds):
 
 - ``joint``: max(weights + KV, GEMM FLOPs + attention FLOPs), the model before the thirty-first session;
 - ``serial``: max(weights, GEMM FLOPs) + max(KV, attention FLOPs), the GEMMs and the attention as separate kernels;
@@ -12,10 +14,11 @@ their FLOPs) and the attention (its KV read, or its FLOPs). The structures, each
 Each serial structure comes with its own attention KV rate and sampler, refitted as `fit_whole_step.py` section 0
 fits them (the H200 whole steps' GPU-bound decode); `joint` keeps the values it was committed with. P and H are
 chosen on the H200's first 14B/32B benches (rows at B >= 64) and judged on the rows not fitted on: the H100's
-8B/14B/32B and the H200's 14B grid (predicted before it ran). The 4B rows are the CPU step on most hosts (a floor
-per machine) and are listed apart.
+8B/14B/32B and both chips' later grids (each predicted before it ran). The H100's KV rate and sampler are the
+H200's scaled by the two chips' copy rates, as its profile carries them (`--verbatim-kv`: as they were before the
+thirty-second session). The 4B and 0.6B rows are the CPU step on most hosts (a floor per machine), listed apart.
 
-    python bench/decode_roofline.py > bench/data/vllm_bench_s31/decode_roofline.txt
+    python bench/decode_roofline.py > bench/data/vllm_bench_s32/decode_roofline.txt
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import fit_whole_step  # noqa: E402
-from compare_calibration import _iter_model  # noqa: E402
+from compare_calibration import _iter_model, decode_schedule  # noqa: E402
 
 from vime.sim.engine.costs import IterationModel  # noqa: E402
 from vime.sim.hardware import HardwareSpec  # noqa: E402
@@ -47,10 +50,13 @@ BENCHES = (("H100", "vllm_bench_s29/vllm_4b_h100.json"), ("H100", "vllm_bench_s2
            ("H200", "vllm_bench_s31/vllm_14b_h200.json"), ("H200", "vllm_bench_s31/vllm_32b_h200.json"),
            ("H200", "vllm_bench_s31/vllm_14b_grid_h200.json"),
            ("H200", "h200_vllm_0.25.1_b1.json"), ("H200", "h200_vllm_0.25.1_b2.json"),
-           ("H200", "vllm_bench_s15/vllm_4b_s15.json"))
+           ("H200", "vllm_bench_s15/vllm_4b_s15.json"),
+           ("H100", "vllm_bench_s32/vllm_14b_grid_h100.json"), ("H100", "vllm_bench_s32/vllm_32b_grid_h100.json"),
+           ("H100", "vllm_bench_s32/vllm_06b_grid_h100.json"))
 #: chosen on: the H200's 14B/32B rows at B >= 64 of the thirty-first session's first benches
 FIT_FILES = ("vllm_bench_s31/vllm_14b_h200.json", "vllm_bench_s31/vllm_32b_h200.json")
 PROMPT = 128  # vllm_bench.py's decode prompts
+SCALE_KV = "--verbatim-kv" not in sys.argv  # the thirty-first session's carry: the H200's rates on the H100 as they are
 #: the joint structure's section-0 values as committed under it (thirtieth session)
 JOINT_TERMS = {"engine.kv_read_bytes_per_s": 4.73e12, "engine.sample_s_per_logit": 8.5e-11}
 CANDIDATES = ([("joint", 0.0), ("serial", 0.0)] + [("p", p) for p in (1.5, 2.0, 2.25, 2.5, 3.0, 4.0)]
@@ -62,7 +68,8 @@ def fitted(row: dict) -> bool:
 
 
 def held_out(row: dict) -> bool:
-    """Dense rows at B >= 64 not fitted on: the H100's 8B/14B/32B, the H200's 14B grid (predicted before it ran)."""
+    """Dense rows at B >= 64 not fitted on: the H100's 8B/14B/32B (its grids to 512 requests of the thirty-second session
+    among them), the H200's 14B grid (each grid predicted before it ran)."""
     return not fitted(row) and row["preset"] in ("qwen3-8b", "qwen3-14b", "qwen3-32b") and row["batch"] >= 64
 
 
@@ -99,21 +106,25 @@ def profiles(structure: str, value: float) -> dict[str, dict]:
         terms = JOINT_TERMS
     else:
         terms, _ = fit_whole_step.gpu_step_terms(copy.deepcopy(raw["H200"]))
-    for prof in raw.values():
+    for chip, prof in raw.items():
+        # scaled to each chip's copy rate, as bench/h100_measured_preset.py carries them (SCALE_KV off: verbatim)
+        ratio = prof["hbm_bytes_per_s"] / raw["H200"]["hbm_bytes_per_s"] if SCALE_KV else 1.0
         for key, v in terms.items():
-            prof["engine"][key.split(".", 1)[1]] = v
+            field = key.split(".", 1)[1]
+            prof["engine"][field] = v * ratio if field == "kv_read_bytes_per_s" else v / ratio
     return raw
 
 
 def step_seconds(im: IterationModel, structure: str, batch: int, tokens: int) -> float:
-    """The model's mean decode step of a lockstep row (prompt 128, `tokens` new each)."""
+    """The model's vLLM step of a row as vLLM's /metrics count it (prompt 128, `tokens` new each): the mean
+    inter-token latency of the row scheduled as vLLM schedules it (`decode_schedule`: the early requests decode
+    beside the later prompts' prefill chunks); `joint` keeps its pure-decode mean, as it was judged."""
+    if structure != "joint":
+        return decode_schedule(im, batch, PROMPT, tokens)[1]
     kv_rate = im.kv_bytes_per_s or im.bytes_per_s
     total = 0.0
     for j in range(tokens - 1):
         ctx = batch * (PROMPT + j + 1)
-        if structure != "joint":  # the serial structures are the engine model's own (gemm_time as patched)
-            total += im.time(batch, ctx, ctx)
-            continue
         kv = im.kv_bytes_per_token * ctx / kv_rate
         attention = im.flops_per_ctx * ctx / im.tp / im.flops_per_s
         gemm = (im.flops_base + im.flops_head) * batch / im.tp / im.flops_per_s
@@ -159,7 +170,9 @@ def main() -> int:
     rows = bench_rows()
     fit_rows, held_rows = [r for r in rows if fitted(r)], [r for r in rows if held_out(r)]
     print(f"{len(fit_rows)} fitted rows (the H200's 14B/32B at B >= 64), {len(held_rows)} held out (the H100's "
-          f"8B/14B/32B, the H200's 14B grid; B >= 64)")
+          f"8B/14B/32B, both chips' later grids; B >= 64); each row vLLM's mean inter-token latency against the "
+          f"model's of the row as vLLM schedules it; the H100's KV rate and sampler "
+          f"{'scaled to its copy rate' if SCALE_KV else 'the H200s verbatim (--verbatim-kv)'}")
     best: dict[str, tuple[float, float]] = {}
     for structure, value in CANDIDATES:
         with gemm_structure(structure, value):
@@ -176,7 +189,7 @@ def main() -> int:
         predict(rows, structure, value)
     for r in rows:
         m = r["measured_s"]
-        tag = "fitted" if fitted(r) else "held out" if held_out(r) else "CPU step" if r["preset"] == "qwen3-4b" else "B < 64"
+        tag = "fitted" if fitted(r) else "held out" if held_out(r) else "CPU step" if r["preset"] in ("qwen3-4b", "qwen3-0.6b") else "B < 64"
         cells = "  ".join(f"{100 * (r[label(s, v)] - m) / m:+6.1f}" for s, v in shown)
         print(f"  {r['chip']} {r['preset']:10s} B={r['batch']:3d} x {r['tokens']:4d}  measured {1e3 * m:6.2f}  {cells}  "
               f"[{tag}]")

@@ -13,8 +13,9 @@ so the run says which one holds on its host:
   (3.85 ms + 30.4 us), the iteration's serial overhead 0 — the two candidates of `h200_notes.md`'s twelfth
   session.
 
-Every row also carries the flat part's step (the mean decode iteration, engine only), which vLLM's own
-/metrics of a whole step can be set beside.
+Every decode row also carries vLLM's step as its /metrics count it (the mean inter-token latency of the row
+scheduled as vLLM schedules it, `compare_calibration.decode_schedule`: at large B the early requests decode beside
+the later prompts' prefill chunks, so the mean latency is well above a pure decode step).
 
     python bench/predict_vllm_bench.py --preset qwen3-0.6b --out bench/data/vllm_bench_s13/predicted_06b.json
     python bench/predict_vllm_bench.py --compare bench/data/vllm_bench_s13/predicted_06b.json \
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "scripts" / "h200"))
 sys.path.insert(0, str(ROOT / "scripts" / "h200_train"))
 
-from compare_calibration import _iter_model, decode_run_seconds, prefill_seconds  # noqa: E402
+from compare_calibration import _iter_model, decode_run_seconds, decode_schedule, prefill_seconds  # noqa: E402
 
 from vime.sim.engine import EngineSettings  # noqa: E402
 from vime.sim.hardware import HardwareSpec  # noqa: E402
@@ -147,8 +148,8 @@ def predict(profile: dict, model, grid: list[tuple[int, int]], prefill_lens: lis
     for b, n in grid:
         rows[f"generate B={b} x {n} tokens"] = decode_run_seconds(
             im, b, PROMPT, n, s.response_per_token_s, s.response_per_request_s) + fe
-        mids = [b * (PROMPT + j + 1) for j in range(n - 1)]
-        steps[f"B={b} x {n}"] = sum(im.time(b, c, c) for c in mids) / len(mids)
+        # vLLM's step as its /metrics count it: the mean inter-token latency, prefill-mixed steps included
+        steps[f"B={b} x {n}"] = decode_schedule(im, b, PROMPT, n)[1]
     for n in prefill_lens:
         rows[f"prefill {n} tokens, max_tokens 1"] = prefill_seconds(im, n) + fe + s.response_seconds(1)
     return {"wall_s": rows, "mean_decode_step_s": steps}
