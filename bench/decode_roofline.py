@@ -106,7 +106,7 @@ def profiles(structure: str, value: float) -> dict[str, dict]:
         terms = JOINT_TERMS
     else:
         terms, _ = fit_whole_step.gpu_step_terms(copy.deepcopy(raw["H200"]))
-    for chip, prof in raw.items():
+    for prof in raw.values():
         # scaled to each chip's copy rate, as bench/h100_measured_preset.py carries them (SCALE_KV off: verbatim)
         ratio = prof["hbm_bytes_per_s"] / raw["H200"]["hbm_bytes_per_s"] if SCALE_KV else 1.0
         for key, v in terms.items():
