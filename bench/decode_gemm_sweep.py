@@ -1,15 +1,19 @@
 """A dense model's decode GEMMs alone on one GPU: every layer's linear products and the LM head at M rows, in a CUDA graph.
 
-vLLM's dense decode step at large batches is longer than the engine model's GEMM roofline says (the thirty-second
-session's H100 14B grid: −11 % at 192 requests, −24 % at 512). The step holds more than the GEMMs (the sampler, the
-attention, the CPU step), so this times the GEMMs by themselves: the model's full set of linear weights in bf16
-(random, distinct per layer so every product streams its weights from HBM), each product `F.linear` as vLLM's
-unquantized layers call it, the whole stack captured in one CUDA graph and replayed. Its time per M is what the
+The engine model's linear layers are a roofline of the weights' stream and the GEMM FLOPs
+(`efficiency.gemm_roofline_p`); vLLM's step holds more than the GEMMs (the sampler, the attention, the CPU step), so
+this times the GEMMs by themselves: the model's full set of linear weights in bf16 (random, distinct per layer so
+every product streams its weights from HBM), each product `F.linear` as vLLM's unquantized layers call it, the whole
+stack captured in one CUDA graph and replayed. Its time per M is what the
 engine model calls `gemm_time(M, M)`; `--predict` writes the model's.
 
     python bench/decode_gemm_sweep.py --predict --profile H100-SXM-80G-measured --out P.json   # the model's (CPU)
     python bench/decode_gemm_sweep.py --out $OUT/decode_gemm_h100.json                          # on the GPU
     python bench/decode_gemm_sweep.py --compare P.json M.json
+    python bench/decode_gemm_sweep.py --attention --out $OUT/attn.json   # vLLM's paged decode attention (run.sh exec)
+
+The thirty-second session's H100 (`bench/data/vllm_bench_s32/`): the GEMMs sit on or under the roofline, and the
+attention reads long contexts at 2.7-2.9 TB/s; the gap its 14B grid showed was vLLM's latency metric, not the GEMMs.
 """
 
 from __future__ import annotations
