@@ -127,19 +127,20 @@ def decode_run_seconds(im: IterationModel, batch: int, prompt: int, new: int, re
     return t + batch * (response_per_request_s + new * response_per_token_s)
 
 
-def decode_schedule(im: IterationModel, batch: int, prompt: int, new: int, budget: int = 8192) -> tuple[float, float]:
+def decode_schedule(im: IterationModel, batch: int, prompt: int, new: int,
+                    budget: int = 8192) -> tuple[float, float, float]:
     """B requests of `prompt` tokens arriving together, each generating `new` tokens, scheduled as vLLM's V1 engine
     does: every step the decoding requests first (one token each), then prefill chunks in the rest of the token
     budget, so the early requests decode while the later prompts are still being filled.
 
     Returns (the engine's time until the last token, the mean inter-token latency as vLLM's /metrics counts it: for
-    each token after a request's first, the time since its previous token). A request that decodes beside a prefill
+    each token after a request's first, the time since its previous token, the mean time to a request's first token). A request that decodes beside a prefill
     chunk waits a whole mixed step for its token, so at large B the mean latency is well above a pure decode step.
     """
     filled = [0] * batch  # prompt tokens in the cache
     gen = [0] * batch  # tokens generated
     last = [0.0] * batch
-    t, itl_sum, itl_n, first = 0.0, 0.0, 0, True
+    t, itl_sum, itl_n, ttft_sum, first = 0.0, 0.0, 0, 0.0, True
     while gen[-1] < new:
         decoding = [i for i in range(batch) if filled[i] == prompt and 0 < gen[i] < new]
         left = budget - len(decoding)
@@ -168,7 +169,8 @@ def decode_schedule(im: IterationModel, batch: int, prompt: int, new: int, budge
             if filled[i] == prompt:  # the step that completes a prompt samples its first token
                 gen[i] = 1
                 last[i] = t
-    return t, itl_sum / itl_n if itl_n else 0.0
+                ttft_sum += t
+    return t, itl_sum / itl_n if itl_n else 0.0, ttft_sum / batch
 
 
 def rows_for(hw: HardwareSpec, raw: dict, vllm: dict | None) -> list[dict]:

