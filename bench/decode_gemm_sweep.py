@@ -62,6 +62,21 @@ def predict(profile: str, presets: tuple[str, ...], rows: tuple[int, ...]) -> di
     return out
 
 
+def gpu_seconds(fn, repeat: int) -> list[float]:
+    """`fn()` timed `repeat` times on the GPU's own clock (CUDA events around it), in seconds."""
+    import torch  # noqa: PLC0415
+
+    out = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / 1e3)
+    return out
+
+
 def measure(presets: tuple[str, ...], rows: tuple[int, ...], repeat: int, path: Path | None = None) -> dict:
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415,N812
@@ -94,31 +109,20 @@ def measure(presets: tuple[str, ...], rows: tuple[int, ...], repeat: int, path: 
                 stack()
             g.replay()
             torch.cuda.synchronize()
-            times = []
-            for _ in range(repeat):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
+            times = gpu_seconds(g.replay, repeat)
             # one layer's products apart (eager, median of `repeat`): which product leaves the roofline
             parts = {}
             for j, ((name, _, _), x) in enumerate(zip(body, xs, strict=True)):
-                ts = []
-                for _ in range(repeat):
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    for ws in weights[:8]:  # eight layers' copies: HBM, not L2
+
+                def product(x=x, j=j, copies=weights[:8]) -> None:
+                    for ws in copies:  # eight layers' copies: HBM, not L2
                         F.linear(x, ws[j])
-                    b.record()
-                    b.synchronize()
-                    ts.append(a.elapsed_time(b) / 1e3 / 8)
-                parts[name] = statistics.median(ts)
+
+                parts[name] = statistics.median(gpu_seconds(product, repeat)) / 8
             res["rows"][str(m)] = {"stack_s": statistics.median(times), "min_s": min(times), "per_layer_parts_s": parts}
             print(f"{preset} M={m}: {1e3 * statistics.median(times):.2f} ms "
                   + " ".join(f"{k} {1e6 * v:.0f}us" for k, v in parts.items()), flush=True)
-            del g, xs, xh, stack
+            del g, xs, xh, stack, product  # the closures hold the weights: free them before the next model
         out["presets"][preset] = res
         del weights, lm_head
         torch.cuda.empty_cache()
@@ -148,15 +152,7 @@ def sampler(rows: tuple[int, ...], repeat: int) -> dict:
 
         step()
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(repeat):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
-        res[str(m)] = statistics.median(ts)
+        res[str(m)] = statistics.median(gpu_seconds(step, repeat))
         print(f"sampler M={m}: {1e3 * res[str(m)]:.3f} ms", flush=True)
         del logits, step
     return res
@@ -202,14 +198,7 @@ def attention(presets: tuple[str, ...], rows: tuple[tuple[int, int], ...], repea
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 step()
-            ts = []
-            for _ in range(repeat):
-                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                e.record()
-                e.synchronize()
-                ts.append(a.elapsed_time(e) / 1e3)
+            ts = gpu_seconds(g.replay, repeat)
             kv_bytes = layers * n * ctx * 2 * hk * hd * 2
             res[f"{n}x{ctx}"] = {"attn_s": statistics.median(ts), "kv_bytes": kv_bytes}
             print(f"{preset} attention B={n} ctx={ctx}: {1e3 * statistics.median(ts):.3f} ms, "
