@@ -133,9 +133,10 @@ def decode_schedule(im: IterationModel, batch: int, prompt: int, new: int,
     does: every step the decoding requests first (one token each), then prefill chunks in the rest of the token
     budget, so the early requests decode while the later prompts are still being filled.
 
-    Returns (the engine's time until the last token, the mean inter-token latency as vLLM's /metrics counts it: for
-    each token after a request's first, the time since its previous token, the mean time to a request's first token). A request that decodes beside a prefill
-    chunk waits a whole mixed step for its token, so at large B the mean latency is well above a pure decode step.
+    Returns the engine's time until the last token; the mean inter-token latency as vLLM's /metrics counts it (for
+    each token after a request's first, the time since its previous token); and the mean time to a request's first
+    token. A request that decodes beside a prefill chunk waits a whole mixed step for its token, so at large B the
+    mean latency is well above a pure decode step.
     """
     filled = [0] * batch  # prompt tokens in the cache
     gen = [0] * batch  # tokens generated
