@@ -221,9 +221,8 @@ def compare(pred_path: str, run_path: str) -> int:
             if m not in p:
                 continue
             got, want = r["stack_s"], p[m]["gemm_s"]
-            flops = p[m]["flops_s"] * 1.0
             print(f"  M={int(m):5d}  measured {1e3 * got:7.2f} ms  model {1e3 * want:7.2f}  error {100 * (want / got - 1):+6.1f} %"
-                  f"   (weights roof {1e3 * p[m]['weights_s']:.2f}, FLOPs roof {1e3 * flops:.2f})")
+                  f"   (weights roof {1e3 * p[m]['weights_s']:.2f}, FLOPs roof {1e3 * p[m]['flops_s']:.2f})")
     return 0
 
 

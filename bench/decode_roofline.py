@@ -12,7 +12,8 @@ early requests decode beside the later prompts' prefill chunks, which the latenc
 - ``serial M/(M+H)``: the GEMMs' FLOPs at M / (M + H) of the prefill rate for M rows, the larger roof taken.
 
 Each serial structure comes with its own attention KV rate and sampler, refitted as `fit_whole_step.py` section 0
-fits them (the H200 whole steps' GPU-bound decode); `joint` keeps the values it was committed with. P and H are
+fits them (the H200 whole steps' GPU-bound decode); `joint` keeps the values it was committed with and is
+scheduled the same way (until the thirty-second session's review it was judged on pure decode means). P and H are
 chosen on the H200's first 14B/32B benches (rows at B >= 64) and judged on the rows not fitted on: the H100's
 8B/14B/32B and both chips' later grids (each predicted before it ran). The H100's KV rate and sampler are the
 H200's scaled by the two chips' copy rates, as its profile carries them (`--verbatim-kv`: as they were before the
@@ -79,21 +80,29 @@ def label(structure: str, value: float) -> str:
 
 @contextlib.contextmanager
 def gemm_structure(structure: str, value: float) -> Iterator[None]:
-    """IterationModel.gemm_time as `structure` has it (p-norms are the model's own; M/(M+H) is patched in here)."""
-    if structure != "M":
+    """IterationModel as `structure` has it: p-norms are the model's own; M/(M+H) patches its gemm_time, `joint` its
+    gpu_time (max(weights + KV, GEMM + attention FLOPs), the model before the thirty-first session)."""
+    if structure not in ("M", "joint"):
         yield
         return
-    original = IterationModel.gemm_time
 
     def rows_half(self: IterationModel, tokens: int, seqs: int) -> float:
         comp = (self.flops_base * tokens + self.flops_head * seqs) / self.tp / self.flops_per_s
         return max(self._weights_s(tokens), comp * (1.0 + value / max(tokens, 1)))
 
-    IterationModel.gemm_time = rows_half
+    def joint(self: IterationModel, tokens: int, kv_read_tokens: float, attn_ctx: float, seqs: int | None = None) -> float:
+        seqs = tokens if seqs is None else seqs
+        kv = self.kv_bytes_per_token * kv_read_tokens / (self.kv_bytes_per_s or self.bytes_per_s)
+        flops = (self.flops_base * tokens + self.flops_head * seqs + self.flops_per_ctx * attn_ctx) / self.tp / self.flops_per_s
+        return self.fixed(tokens) + self.sample_s * seqs + max(self._weights_s(tokens) + kv, flops)
+
+    name, patch = ("gemm_time", rows_half) if structure == "M" else ("gpu_time", joint)
+    original = getattr(IterationModel, name)
+    setattr(IterationModel, name, patch)
     try:
         yield
     finally:
-        IterationModel.gemm_time = original
+        setattr(IterationModel, name, original)
 
 
 def profiles(structure: str, value: float) -> dict[str, dict]:
@@ -115,22 +124,11 @@ def profiles(structure: str, value: float) -> dict[str, dict]:
     return raw
 
 
-def step_seconds(im: IterationModel, structure: str, batch: int, tokens: int) -> float:
+def step_seconds(im: IterationModel, batch: int, tokens: int) -> float:
     """The model's vLLM step of a row as vLLM's /metrics count it (prompt 128, `tokens` new each): the mean
     inter-token latency of the row scheduled as vLLM schedules it (`decode_schedule`: the early requests decode
-    beside the later prompts' prefill chunks); `joint` keeps its pure-decode mean, as it was judged."""
-    if structure != "joint":
-        return decode_schedule(im, batch, PROMPT, tokens)[1]
-    kv_rate = im.kv_bytes_per_s or im.bytes_per_s
-    total = 0.0
-    for j in range(tokens - 1):
-        ctx = batch * (PROMPT + j + 1)
-        kv = im.kv_bytes_per_token * ctx / kv_rate
-        attention = im.flops_per_ctx * ctx / im.tp / im.flops_per_s
-        gemm = (im.flops_base + im.flops_head) * batch / im.tp / im.flops_per_s
-        gpu = im.fixed(batch) + im.sample_s * batch + max(im._weights_s(batch) + kv, gemm + attention)
-        total += max(gpu, im.host(batch))
-    return total / (tokens - 1)
+    beside the later prompts' prefill chunks)."""
+    return decode_schedule(im, batch, PROMPT, tokens)[1]
 
 
 def bench_rows() -> list[dict]:
@@ -156,7 +154,7 @@ def predict(rows: list[dict], structure: str, value: float) -> list[float]:
             if key not in ims:
                 hw = HardwareSpec.from_dict(raw[row["chip"]], origin=PROFILES[row["chip"]])
                 ims[key] = _iter_model(hw, fit_whole_step.model_of(row["preset"]))
-            pred = step_seconds(ims[key], structure, row["batch"], row["tokens"])
+            pred = step_seconds(ims[key], row["batch"], row["tokens"])
             row[label(structure, value)] = pred
             errs.append(100.0 * (pred - row["measured_s"]) / row["measured_s"])
     return errs

@@ -25,20 +25,25 @@ def table() -> list[dict]:
     return dr.bench_rows()
 
 
-def test_the_committed_roofline_holds_the_rows_it_was_not_chosen_on_and_the_hard_max_does_not(table: list[dict]) -> None:
+def test_the_committed_roofline_holds_the_rows_it_was_not_chosen_on_and_fits_better_than_the_hard_max(
+        table: list[dict]) -> None:
     """The profiles' p-norm, chosen on the H200's first 14B/32B rows, predicts the rows held out (the H100's dense
     8B/14B/32B and both chips' later grids to 512 requests, B >= 64) within 12 %, rms under 6 %, each row as vLLM
-    counts its step (the mean inter-token latency); the joint hard max that came before missed them by over 20 %."""
+    counts its step (the mean inter-token latency of the row as vLLM schedules it). The joint hard max that came
+    before, compared the same way, holds out as well (rms 3.7 %: session 31's 24 % misses were pure decode means set
+    against latencies), but on the rows it was fitted to it is more than twice as far off and 10 %+ short on the 32B
+    at 256 requests, where the p-norm is within 5 %."""
     held = [r for r in table if dr.held_out(r)]
     assert len(held) == 21
     p = load_hardware("H100-SXM-80G-measured").efficiency.gemm_roofline_p
     assert p == load_hardware("H200-141G-measured").efficiency.gemm_roofline_p > 1.0
     now = dr.predict(held, "p", p)
     assert max(abs(e) for e in now) < 12.0 and dr.rms(now) < 6.0
-    before = dr.predict(held, "joint", 0.0)
-    assert max(abs(e) for e in before) > 20.0 and dr.rms(before) > 9.0
     fit = [r for r in table if dr.fitted(r)]
-    assert dr.rms(dr.predict(fit, "p", p)) < 4.0
+    fit_now, fit_joint = dr.predict(fit, "p", p), dr.predict(fit, "joint", 0.0)
+    assert dr.rms(fit_now) < 4.0 and dr.rms(fit_joint) > 2 * dr.rms(fit_now)
+    at = next(i for i, r in enumerate(fit) if r["preset"] == "qwen3-32b" and (r["batch"], r["tokens"]) == (256, 256))
+    assert abs(fit_now[at]) < 5.0 and fit_joint[at] < -10.0
 
 
 class _StepIsTokens:
